@@ -1,0 +1,5 @@
+import sys
+
+from cglab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""Configuration: the toy model's shape and the CUDA graph modes (vLLM: ``vllm/config/compilation.py``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from cglab.errors import ConfigError
+
+LAYER_KINDS = ("attn", "sconv", "compressor")
+
+
+class CUDAGraphMode(enum.Enum):
+    """How a forward pass runs.
+
+    ``NONE``, ``PIECEWISE`` and ``FULL`` are *runtime* modes: what one step actually does.
+    ``FULL_DECODE_ONLY`` and ``FULL_AND_PIECEWISE`` are *policies* (vLLM's default is the latter):
+    uniform decode batches get ``decode_mode()``, mixed or prefill batches get ``mixed_mode()``.
+    """
+
+    NONE = "none"
+    PIECEWISE = "piecewise"
+    FULL = "full"
+    FULL_DECODE_ONLY = "full_decode_only"
+    FULL_AND_PIECEWISE = "full_and_piecewise"
+
+    def decode_mode(self) -> CUDAGraphMode:
+        """Runtime mode for a uniform decode batch (one token per request)."""
+        if self in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE):
+            return CUDAGraphMode.FULL
+        return self
+
+    def mixed_mode(self) -> CUDAGraphMode:
+        """Runtime mode for any other batch."""
+        return {
+            CUDAGraphMode.FULL_DECODE_ONLY: CUDAGraphMode.NONE,
+            CUDAGraphMode.FULL_AND_PIECEWISE: CUDAGraphMode.PIECEWISE,
+        }.get(self, self)
+
+    def runtime_modes(self) -> tuple[CUDAGraphMode, ...]:
+        """The runtime modes this policy captures graphs for, PIECEWISE first."""
+        modes = {self.mixed_mode(), self.decode_mode()} - {CUDAGraphMode.NONE}
+        return tuple(m for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if m in modes)
+
+    @classmethod
+    def parse(cls, value: str | CUDAGraphMode) -> CUDAGraphMode:
+        """``"piecewise"`` -> ``CUDAGraphMode.PIECEWISE``, with an error that lists the valid names."""
+        if isinstance(value, CUDAGraphMode):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            valid = ", ".join(m.value for m in cls)
+            raise ConfigError(f"unknown CUDA graph mode {value!r}; choose one of: {valid}") from None
+
+
+def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and unknown kinds."""
+    parts = pattern.split(",") if isinstance(pattern, str) else list(pattern)
+    kinds = tuple(p.strip().lower() for p in parts if str(p).strip())
+    if not kinds:
+        raise ConfigError(
+            f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
+            f"(valid kinds: {', '.join(LAYER_KINDS)})"
+        )
+    unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
+    if unknown:
+        raise ConfigError(f"unknown layer kind(s) {', '.join(map(repr, unknown))}; valid kinds: {', '.join(LAYER_KINDS)}")
+    return kinds
+
+
+def default_capture_sizes(max_size: int) -> tuple[int, ...]:
+    """vLLM's default ladder (1, 2, 4, then steps of 8 to 256, then steps of 16), cut at ``max_size``."""
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 1025, 16)]
+    return tuple(s for s in sizes if s <= max_size)
+
+
+def _positive_int(name: str, value: object, hint: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}{hint}")
+    return value
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Everything that shapes the toy engine. Small defaults so the CPU simulator runs in seconds."""
+
+    layers: tuple[str, ...] = ("sconv", "attn", "compressor", "attn")
+    hidden_size: int = 32
+    num_heads: int = 2
+    vocab_size: int = 64
+    block_size: int = 4  # tokens per KV / state block
+    num_blocks: int = 96  # blocks in every paged cache (shared block table)
+    max_num_reqs: int = 8
+    max_model_len: int = 48
+    max_num_batched_tokens: int = 128
+    capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    sconv_kernel_size: int = 4  # taps of the short convolution, the current token included
+    compress_ratio: int = 4  # the compressor emits one entry every `compress_ratio` tokens
+    strict_layers: bool = False  # stateful layers without the `metadata is None` guard
+    dtype: str = "float32"
+    seed: int = 0
+    layer_names: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", parse_layer_pattern(self.layers))
+        for name in ("hidden_size", "num_heads", "vocab_size", "block_size", "num_blocks", "max_num_reqs",
+                     "max_model_len", "max_num_batched_tokens", "sconv_kernel_size", "compress_ratio"):
+            _positive_int(name, getattr(self, name))
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
+        if self.block_size % self.compress_ratio:
+            raise ConfigError(
+                f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
+                "so that a compressed group never straddles two blocks")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        sizes = tuple(self.capture_sizes)
+        for s in sizes:
+            _positive_int("every capture size", s)
+        if len(set(sizes)) != len(sizes):
+            raise ConfigError(f"capture sizes must be distinct, got {list(sizes)}; drop the duplicates")
+        if sizes and max(sizes) > self.max_num_batched_tokens:
+            raise ConfigError(
+                f"capture size {max(sizes)} exceeds max_num_batched_tokens ({self.max_num_batched_tokens}); "
+                "raise max_num_batched_tokens or drop that size")
+        object.__setattr__(self, "capture_sizes", tuple(sorted(sizes)))
+        object.__setattr__(self, "layer_names", tuple(f"layers.{i}.{k}" for i, k in enumerate(self.layers)))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def max_blocks_per_req(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Rows in every per-token persistent buffer: a prefill batch or the largest graph."""
+        return max(self.max_num_batched_tokens, self.max_num_reqs, *self.capture_sizes)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size

@@ -1,0 +1,67 @@
+"""The forward context: per-step state that layers read instead of taking it as arguments.
+
+vLLM: ``vllm/forward_context.py``. Layers call ``get_forward_context().attn_metadata`` to find
+their metadata. That keeps model signatures clean, and it is exactly what makes the missing-metadata
+bug possible: a layer cannot tell "profiling run" from "capture with no metadata built".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cglab.config import CUDAGraphMode
+from cglab.errors import MissingMetadataError
+
+if TYPE_CHECKING:
+    from cglab.batch import BatchExecutionDescriptor
+
+
+@dataclass
+class ForwardContext:
+    # layer name -> that layer's metadata; None on profiling runs (and, before the fix, at PIECEWISE capture)
+    attn_metadata: dict[str, Any] | None
+    cg_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    batch_descriptor: BatchExecutionDescriptor | None = None
+
+
+_forward_context: ForwardContext | None = None
+
+
+def get_forward_context() -> ForwardContext:
+    """The context of the forward pass in progress."""
+    if _forward_context is None:
+        raise RuntimeError("no forward context is set: run the model inside `with set_forward_context(...)`")
+    return _forward_context
+
+
+@contextmanager
+def set_forward_context(attn_metadata: dict[str, Any] | None, cg_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+                        batch_descriptor: BatchExecutionDescriptor | None = None) -> Iterator[ForwardContext]:
+    """Make ``attn_metadata`` visible to every layer for the duration of one forward pass."""
+    global _forward_context
+    previous = _forward_context
+    _forward_context = ForwardContext(attn_metadata, cg_mode, batch_descriptor)
+    try:
+        yield _forward_context
+    finally:
+        _forward_context = previous
+
+
+def layer_metadata(layer_name: str, strict: bool) -> Any | None:
+    """This layer's metadata, or ``None`` when the step has none.
+
+    A guarded layer (``strict=False``) treats ``None`` as a profiling run and skips its work. A strict
+    layer refuses, which turns the silent bug into a loud one.
+    """
+    metadata = get_forward_context().attn_metadata
+    if metadata is not None:
+        return metadata[layer_name]
+    if strict:
+        raise MissingMetadataError(
+            f"{layer_name} needs attention metadata (slot mapping, block table) but the forward context has "
+            "none. During capture this means the inputs were prepared with the legacy skip_attn path; build "
+            "metadata at capture: prepare_inputs_to_capture(..., full_cudagraph) as in vLLM PR #49364.")
+    return None

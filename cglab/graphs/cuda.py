@@ -1,0 +1,227 @@
+"""The real CUDA backend: raw ``torch.cuda.CUDAGraph`` segments on one side stream.
+
+Nothing here touches ``torch.cuda`` at import time, so CPU-only builds import this module fine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cglab.errors import CaptureError, ConfigError
+from cglab.graphs.breakable import (
+    CaptureSession,
+    GraphBackend,
+    GraphSegment,
+    _check_host_sync,
+    _does_work,
+    _fresh_outputs,
+    _host_sync_error,
+    _op_info,
+)
+
+__all__ = ["CudaBackend", "CudaSegment"]
+
+NO_GPU_MESSAGE = (
+    "graph backend 'cuda' was requested but no CUDA GPU is visible; "
+    "use backend 'sim' (device cpu) to run the CPU simulator"
+)
+_FIX_ANY = (
+    "a CUDA graph cannot make the host wait for the device during capture (`.item()`, "
+    "`bool(tensor)`, printing, data-dependent shapes, host<->device copies, "
+    "torch.cuda.synchronize()); keep values on the device (use torch.where / masking) or "
+    "compute them before capture"
+)
+
+
+class CudaSegment(GraphSegment):
+    """One ``torch.cuda.CUDAGraph``; replay launches it on the current stream."""
+
+    def __init__(self, index: int, graph: torch.cuda.CUDAGraph, num_ops: int) -> None:
+        super().__init__(index, num_ops)
+        self._graph: torch.cuda.CUDAGraph | None = graph
+
+    def replay(self) -> None:
+        if self._graph is None:
+            raise CaptureError(f"CUDA graph segment {self.index} was reset; capture the graph again")
+        self._graph.replay()
+
+    def reset(self) -> None:
+        if self._graph is not None:
+            self._graph.reset()
+            self._graph = None
+
+
+class _CountingMode(TorchDispatchMode):
+    """Counts the ops of the open segment with the simulator's rules (so ``ops_per_segment``
+    means the same on both backends) and stops host syncs before CUDA sees them: an error
+    raised here leaves the capture valid, so it can be closed cleanly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting = False
+        self.count = 0
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if not self.counting:
+            return func(*args, **kwargs)
+        info = _op_info(func)
+        _check_host_sync(info, args, kwargs)
+        out = func(*args, **kwargs)
+        if not info.alloc and _does_work(info, _fresh_outputs(info, args, kwargs, out)):
+            self.count += 1
+        return out
+
+
+def _looks_like_capture_violation(exc: BaseException) -> bool:
+    # torch raises AcceleratorError (a RuntimeError) with CUDA's text, e.g. "operation not
+    # permitted when stream is capturing" or "... a previous error during capture".
+    return isinstance(exc, RuntimeError) and "captur" in str(exc).lower()
+
+
+class _CudaSession(CaptureSession):
+    def __init__(self, backend: CudaBackend) -> None:
+        self._backend = backend
+        self._mode = _CountingMode()
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._index = -1
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _CudaSession:
+        # Work queued before the capture must not be mistaken for captured work.
+        torch.cuda.synchronize(self._backend.device)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._backend._on_side_stream())
+            stack.enter_context(self._mode)
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.__exit__(*exc)
+
+    def start_segment(self, index: int) -> None:
+        graph = torch.cuda.CUDAGraph()
+        self._graph, self._index = graph, index
+        self._mode.count = 0
+        graph.capture_begin(pool=self._backend.pool)
+        self._mode.counting = True
+
+    def finish_segment(self) -> GraphSegment:
+        graph, self._graph = self._graph, None
+        assert graph is not None, "no segment is open"
+        self._mode.counting = False
+        try:
+            graph.capture_end()  # torch itself warns "The CUDA Graph is empty" if it is
+        except BaseException:
+            self._backend._forget_pool_after_failure(graph)
+            raise
+        return CudaSegment(self._index, graph, self._mode.count)
+
+    def abandon_segment(self) -> None:
+        graph, self._graph = self._graph, None
+        self._mode.counting = False
+        if graph is None:
+            return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # an abandoned graph being empty is no news
+                graph.capture_end()
+        except Exception:
+            # CUDA invalidated the capture (a host sync reached it): the stream capture is over,
+            # but torch's allocator may still route this pool to it.
+            self._backend._forget_pool_after_failure(graph)
+        else:
+            graph.reset()
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        if isinstance(exc, CaptureError) or not _looks_like_capture_violation(exc):
+            return None
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _host_sync_error(f"torch: {first_line}", _FIX_ANY)
+
+
+class CudaBackend(GraphBackend):
+    """Real CUDA graphs. Capture and warmup run on one side stream; replay runs on the
+    current stream (graphs and eager steps alike, so their order is the program order).
+
+    All graphs of this backend share one memory pool, as vLLM shares one across batch sizes;
+    this is safe because only one graph runs at a time.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise ConfigError(NO_GPU_MESSAGE)
+        dev = torch.device("cuda") if device is None else torch.device(device)
+        if dev.type != "cuda":
+            raise ConfigError(f"graph backend 'cuda' needs a cuda device, got {dev}; use backend 'sim' for {dev}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
+        self.label = f"CUDA graphs on {dev} ({torch.cuda.get_device_name(dev)})"
+        self._stream: torch.cuda.Stream | None = None
+        self._pool: Any = None
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        """The side stream of capture and warmup (capture may not use the default stream)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        return self._stream
+
+    @property
+    def pool(self) -> Any:
+        """The memory pool handle shared by every graph of this backend."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def warmup_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Run warmup on the capture stream: lazy init (cuBLAS handles, workspaces) then happens
+        on the stream the capture will use."""
+        return self._on_side_stream()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def _session(self) -> CaptureSession:
+        return _CudaSession(self)
+
+    @contextlib.contextmanager
+    def _on_side_stream(self) -> Iterator[None]:
+        stream = self.stream
+        current = torch.cuda.current_stream(self.device)
+        stream.wait_stream(current)  # see the inputs the current stream wrote
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                yield
+        finally:
+            current.wait_stream(stream)  # later work on the current stream sees our writes
+
+    def _forget_pool_after_failure(self, graph: torch.cuda.CUDAGraph) -> None:
+        """After a capture CUDA aborted, torch may leave this pool registered as 'being captured
+        into', and a later capture into it would fail: try to unregister it, and in any case
+        give later graphs a fresh pool."""
+        pool, self._pool = self._pool, None
+        for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool"):
+            end = getattr(torch._C, name, None)
+            if pool is None or end is None:
+                continue
+            try:
+                end(self.device.index, pool)
+                break
+            except Exception:  # already unregistered, or another torch version's signature
+                continue
+        try:
+            graph.reset()
+        except Exception:
+            pass

@@ -1,0 +1,75 @@
+"""Paged attention. Its kernel is the eager break of a PIECEWISE graph.
+
+vLLM: ``vllm/attention/layer.py`` (``unified_attention`` is the op torch.compile splits at) and the
+breakable-graph decorator in ``vllm/compilation/breakable_cudagraph.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cglab.config import ToyConfig
+from cglab.forward_context import get_forward_context
+from cglab.graphs import eager_break_during_capture
+from cglab.metadata import AttentionMetadata, slots_at, token_requests_and_positions
+
+_MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over zeroed values, not NaN
+
+
+@eager_break_during_capture
+def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+                      kv_cache: torch.Tensor, layer_name: str) -> None:
+    """Store this step's keys and values at ``slot_mapping``, then attend over each token's history.
+
+    Writes into ``output`` and returns nothing: under PIECEWISE this function runs eagerly at every
+    replay, and only a buffer the caller passed in survives between the graph segments around it.
+    It reads its metadata live from the forward context, which is why attention-only models never
+    noticed the missing-metadata bug.
+    """
+    metadata = get_forward_context().attn_metadata
+    if metadata is None:  # profiling run: no batch to attend over (vLLM's backends return zeros)
+        output.zero_()
+        return
+    md: AttentionMetadata = metadata[layer_name]
+    num_tokens, num_heads, head_dim = query.shape
+    block_size = kv_cache.shape[2]
+    k_cache, v_cache = kv_cache[0].flatten(0, 1), kv_cache[1].flatten(0, 1)  # [slots + 1, heads, dim]
+    # Padding rows carry PAD_SLOT_ID (-1), which indexes the spare last row: no branch needed.
+    k_cache[md.slot_mapping] = key
+    v_cache[md.slot_mapping] = value
+
+    request, position = token_requests_and_positions(md.query_start_loc, md.seq_lens, num_tokens)
+    key_pos = torch.arange(md.max_seq_len, device=query.device)  # the kernel's key range: host-side width
+    visible = (key_pos[None, :] <= position[:, None]) & (key_pos[None, :] < md.seq_lens[request][:, None])
+    slots = slots_at(md.block_table, request[:, None], key_pos[None, :], block_size)
+    keys, values = k_cache[slots], v_cache[slots]  # [tokens, keys, heads, dim]
+    values = torch.where(visible[..., None, None], values, 0)
+    scores = torch.einsum("thd,tkhd->thk", query, keys) * head_dim**-0.5
+    scores = torch.where(visible[:, None, :], scores, _MASKED)
+    output.copy_(torch.einsum("thk,tkhd->thd", scores.softmax(-1), values))
+
+
+class Attention(nn.Module):
+    """Pre-norm attention block with a paged KV cache ``[2, num_blocks, block_size, heads, dim]``
+    plus one spare block whose last row absorbs padded writes."""
+
+    def __init__(self, config: ToyConfig, layer_name: str) -> None:
+        super().__init__()
+        self.layer_name = layer_name
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.norm = nn.RMSNorm(config.hidden_size)
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.register_buffer("kv_cache", torch.zeros(2, config.num_blocks + 1, config.block_size,
+                                                     config.num_heads, config.head_dim), persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
+        out = torch.empty_like(q)
+        unified_attention(q, k, v, out, self.kv_cache, self.layer_name)
+        return hidden + self.o_proj(out.flatten(1))
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The cache without its spare block, for comparisons."""
+        return {"kv_cache": self.kv_cache[:, :-1]}

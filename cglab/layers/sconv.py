@@ -1,0 +1,47 @@
+"""Inkling-style short convolution over a paged conv-state cache. It runs *inside* graph segments.
+
+vLLM: the Inkling model's short convolutions (``vllm/model_executor/models/inkling``).
+Each token's conv input is stored at its slot; the conv reads the previous ``kernel_size - 1``
+inputs of the same sequence through the block table. So it needs the slot mapping and the block
+table, just like attention, although it is not attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cglab.config import ToyConfig
+from cglab.forward_context import layer_metadata
+from cglab.metadata import ShortConvMetadata
+
+
+class ShortConv(nn.Module):
+    """Pre-norm depthwise causal convolution block. ``strict=True`` drops the profiling guard."""
+
+    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False) -> None:
+        super().__init__()
+        self.layer_name, self.strict = layer_name, strict
+        hidden = config.hidden_size
+        self.norm = nn.RMSNorm(hidden)
+        self.in_proj = nn.Linear(hidden, hidden, bias=False)
+        self.conv_weight = nn.Parameter(torch.randn(config.sconv_kernel_size, hidden) / config.sconv_kernel_size**0.5)
+        self.out_proj = nn.Linear(hidden, hidden, bias=False)
+        # One row per cache slot, plus a spare last row that PAD_SLOT_ID (-1) writes land in.
+        self.register_buffer("conv_state", torch.zeros(config.num_slots + 1, hidden), persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        md: ShortConvMetadata | None = layer_metadata(self.layer_name, self.strict)
+        if md is None:
+            # Meant for profiling runs. Under the legacy skip_attn path it also runs at PIECEWISE
+            # capture, so the graph records "return the input" and replays exactly that, forever.
+            return hidden
+        x = self.in_proj(self.norm(hidden))
+        self.conv_state[md.slot_mapping] = x  # write first: a prefill token's taps may be in this batch
+        taps = self.conv_state[md.tap_slots]  # [tokens, kernel_size - 1, hidden]
+        taps = torch.where(md.tap_slots[..., None] >= 0, taps, 0)  # before the sequence start: zero
+        conv = (taps * self.conv_weight[:-1]).sum(1) + x * self.conv_weight[-1]
+        return hidden + self.out_proj(nn.functional.silu(conv))
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"conv_state": self.conv_state[:-1]}

@@ -1,0 +1,245 @@
+"""Attention metadata and its builders, for attention and for the attention-like stateful layers.
+
+vLLM: ``CommonAttentionMetadata``, the per-backend metadata builders, and ``prepare_attn`` in
+``vllm/v1/worker/gpu/model_states/default.py``.
+
+Builders derive per-layer index tensors from the common metadata. They write them into buffers
+allocated once and return *views*, because a graph captured inside a PIECEWISE segment keeps reading
+the addresses it saw at capture. ``prepare_attn(..., for_capture=False)`` is what PIECEWISE capture
+uses since the fix, so this is an assumption every builder must honour (the "fragile assumption").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from cglab.buffers import PAD_SLOT_ID
+from cglab.config import ToyConfig
+
+if TYPE_CHECKING:
+    from cglab.batch import InputBatch
+
+
+@dataclass
+class CommonAttentionMetadata:
+    """What every builder starts from: views of the persistent buffers plus host-side sizes."""
+
+    query_start_loc: torch.Tensor  # [num_reqs + 1]
+    seq_lens: torch.Tensor  # [num_reqs]
+    block_table_tensor: torch.Tensor  # [num_reqs, max_blocks_per_req]
+    slot_mapping: torch.Tensor  # [num_tokens_padded], PAD_SLOT_ID on padding
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
+
+
+def token_requests_and_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                                 num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every token row: its request index and its position in that request's sequence.
+
+    Tensor ops only (no host sync), so it may run inside a graph. Padding rows map to the last
+    request and get positions that are negative or past its length; callers mask them.
+    """
+    token = torch.arange(num_tokens, device=query_start_loc.device)
+    num_reqs = seq_lens.shape[0]
+    request = torch.searchsorted(query_start_loc[1:], token, right=True).clamp(max=num_reqs - 1)
+    position = seq_lens[request] - (query_start_loc[request + 1] - token)
+    return request, position
+
+
+def slots_at(block_table: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
+             block_size: int) -> torch.Tensor:
+    """The cache slot of ``position`` in ``request``'s sequence; ``PAD_SLOT_ID`` where position < 0."""
+    safe = position.clamp(min=0)
+    block = block_table[request, torch.div(safe, block_size, rounding_mode="floor")]
+    slot = block * block_size + safe % block_size
+    return torch.where(position >= 0, slot, PAD_SLOT_ID)
+
+
+class MetadataBuilder(Protocol):
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> Any: ...
+
+
+class _PersistentBuilder:
+    """A builder whose outputs are views of buffers it allocated once."""
+
+    def _out(self, name: str, num_tokens: int) -> torch.Tensor:
+        """The storage a build writes into: a view of the persistent buffer, the same every step."""
+        return getattr(self, name)[:num_tokens]
+
+
+# ---------------------------------------------------------------- attention
+@dataclass
+class AttentionMetadata:
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int  # the width of the key range the kernel reads
+
+
+class AttentionMetadataBuilder:
+    """Paged attention reads the common buffers directly: nothing to derive, nothing to allocate."""
+
+    def __init__(self, config: ToyConfig) -> None:
+        self.max_model_len = config.max_model_len
+
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> AttentionMetadata:
+        # A FULL graph freezes every host-side number at capture, so capture metadata must fit any
+        # replay: the key range is sized for the longest sequence the model allows.
+        max_seq_len = self.max_model_len if for_capture else common.max_seq_len
+        return AttentionMetadata(common.query_start_loc, common.seq_lens, common.block_table_tensor,
+                                 common.slot_mapping, common.num_reqs, common.num_actual_tokens,
+                                 common.max_query_len, max_seq_len)
+
+
+# ---------------------------------------------------------------- short convolution
+@dataclass
+class ShortConvMetadata:
+    slot_mapping: torch.Tensor  # where each token's conv input is stored
+    tap_slots: torch.Tensor  # [num_tokens, kernel_size - 1]: slots of the previous inputs, oldest first
+
+
+class ShortConvMetadataBuilder(_PersistentBuilder):
+    """Slots of each token's previous ``kernel_size - 1`` conv inputs, in the paged conv-state cache."""
+
+    def __init__(self, config: ToyConfig, device: torch.device) -> None:
+        self.kernel_size = config.sconv_kernel_size
+        self.block_size = config.block_size
+        # Allocated once: graphs read this storage at every replay.
+        self.tap_slots = torch.full((config.max_num_tokens, self.kernel_size - 1), PAD_SLOT_ID,
+                                    dtype=torch.long, device=device)
+
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> ShortConvMetadata:
+        request, position = _real_tokens(common)
+        back = torch.arange(self.kernel_size - 1, 0, -1, device=position.device)  # K-1, ..., 1
+        tap_position = torch.where(position[:, None] >= 0, position[:, None] - back, -1)
+        tap_slots = self._out("tap_slots", common.num_tokens)
+        tap_slots.copy_(slots_at(common.block_table_tensor, request[:, None], tap_position, self.block_size))
+        return ShortConvMetadata(common.slot_mapping, tap_slots)
+
+
+# ---------------------------------------------------------------- compressor
+@dataclass
+class CompressorMetadata:
+    slot_mapping: torch.Tensor  # where each token's partial state is saved
+    group_slots: torch.Tensor  # [num_tokens, ratio]: the group a token completes (PAD if it completes none)
+    compress_slots: torch.Tensor  # [num_tokens]: where that group's compressed entry goes (PAD: none)
+    visible_slots: torch.Tensor  # [num_tokens, max_groups]: compressed entries the token may read
+
+
+class CompressorMetadataBuilder(_PersistentBuilder):
+    """Index math for a compressor that folds every ``ratio`` saved states into one compressed entry."""
+
+    def __init__(self, config: ToyConfig, device: torch.device) -> None:
+        self.ratio = config.compress_ratio
+        self.block_size = config.block_size
+        self.max_groups = config.max_model_len // self.ratio
+        n = config.max_num_tokens
+        self.group_slots = torch.full((n, self.ratio), PAD_SLOT_ID, dtype=torch.long, device=device)
+        self.compress_slots = torch.full((n,), PAD_SLOT_ID, dtype=torch.long, device=device)
+        self.visible_slots = torch.full((n, max(self.max_groups, 1)), PAD_SLOT_ID, dtype=torch.long, device=device)
+
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> CompressorMetadata:
+        request, position = _real_tokens(common)
+        ratio, table = self.ratio, common.block_table_tensor
+        # Only a token that is really stored (its slot is not PAD_SLOT_ID) may emit an entry, so dummy
+        # capture batches write nothing into any real cache slot.
+        completes = (common.slot_mapping >= 0) & (position >= 0) & ((position + 1) % ratio == 0)
+        group_start = position - (ratio - 1)
+        member = group_start[:, None] + torch.arange(ratio, device=position.device)
+        group_slots = torch.where(completes[:, None], slots_at(table, request[:, None], member, self.block_size),
+                                  PAD_SLOT_ID)
+        # A compressed entry lives in the block that holds its group, `block_size // ratio` per block.
+        compress_slots = torch.where(completes, self._compressed_slot(table, request, group_start), PAD_SLOT_ID)
+        groups = torch.arange(self.visible_slots.shape[1], device=position.device)
+        done = torch.div(position + 1, ratio, rounding_mode="floor").clamp(min=0)
+        visible = groups[None, :] < done[:, None]
+        visible_slots = torch.where(
+            visible, self._compressed_slot(table, request[:, None], groups[None, :] * ratio), PAD_SLOT_ID)
+        n = common.num_tokens
+        outs = [self._out(name, n) for name in ("group_slots", "compress_slots", "visible_slots")]
+        for out, value in zip(outs, (group_slots, compress_slots, visible_slots)):
+            out.copy_(value)
+        return CompressorMetadata(common.slot_mapping, *outs)
+
+    def _compressed_slot(self, table: torch.Tensor, request: torch.Tensor, first_position: torch.Tensor) -> torch.Tensor:
+        safe = first_position.clamp(min=0)
+        block = table[request, torch.div(safe, self.block_size, rounding_mode="floor")]
+        return block * (self.block_size // self.ratio) + torch.div(safe % self.block_size, self.ratio,
+                                                                   rounding_mode="floor")
+
+
+def _real_tokens(common: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request and position per token row, with padding rows' positions set to -1 (no slot)."""
+    request, position = token_requests_and_positions(common.query_start_loc, common.seq_lens, common.num_tokens)
+    is_real = torch.arange(common.num_tokens, device=position.device) < common.num_actual_tokens
+    return request, torch.where(is_real, position, -1)
+
+
+class AllocatingShortConvMetadataBuilder(ShortConvMetadataBuilder):
+    """A builder that breaks the fragile assumption: every ``build()`` returns a *fresh* tensor.
+
+    Eager code cannot tell the difference. A PIECEWISE graph can: it keeps reading the tensor that
+    existed at capture, so every replay sees the capture batch's slots (all padding), not the live ones.
+    """
+
+    def _out(self, name: str, num_tokens: int) -> torch.Tensor:
+        return torch.empty_like(getattr(self, name)[:num_tokens])
+
+
+# ---------------------------------------------------------------- groups and prepare_attn
+@dataclass
+class AttentionGroup:
+    """Layers of one kind share one builder, so their metadata is built once per step."""
+
+    kind: str
+    builder: MetadataBuilder
+    layer_names: list[str]
+
+
+def build_attn_groups(config: ToyConfig, device: torch.device,
+                      builders: dict[str, MetadataBuilder] | None = None) -> list[AttentionGroup]:
+    """One group per layer kind in the model; ``builders`` overrides a kind's builder (for experiments)."""
+    factories = {
+        "attn": lambda: AttentionMetadataBuilder(config),
+        "sconv": lambda: ShortConvMetadataBuilder(config, device),
+        "compressor": lambda: CompressorMetadataBuilder(config, device),
+    }
+    groups = []
+    for kind in dict.fromkeys(config.layers):
+        names = [n for n, k in zip(config.layer_names, config.layers) if k == kind]
+        builder = (builders or {}).get(kind) or factories[kind]()
+        groups.append(AttentionGroup(kind, builder, names))
+    return groups
+
+
+def prepare_attn(input_batch: InputBatch, block_table: torch.Tensor, slot_mapping: torch.Tensor,
+                 attn_groups: Sequence[AttentionGroup], for_capture: bool = False) -> dict[str, Any]:
+    """Build every layer's metadata for one step: ``{layer_name: metadata}``.
+
+    ``for_capture=True`` builds capture-safe metadata for FULL graphs (sizes that fit any replay);
+    ``for_capture=False`` builds ordinary metadata for the real batch.
+    """
+    common = CommonAttentionMetadata(
+        query_start_loc=input_batch.query_start_loc, seq_lens=input_batch.seq_lens,
+        block_table_tensor=block_table, slot_mapping=slot_mapping, num_reqs=input_batch.num_reqs,
+        num_actual_tokens=input_batch.num_tokens, max_query_len=input_batch.max_query_len,
+        max_seq_len=input_batch.max_seq_len)
+    metadata: dict[str, Any] = {}
+    for group in attn_groups:
+        built = group.builder.build(common, for_capture=for_capture)
+        metadata.update(dict.fromkeys(group.layer_names, built))
+    return metadata

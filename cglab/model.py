@@ -1,0 +1,72 @@
+"""``ToyTransformer``: a small seeded decoder built from a layer pattern such as ``"sconv,attn,compressor,attn"``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cglab.config import ToyConfig
+from cglab.layers import Attention, Compressor, ShortConv
+
+
+class MLP(nn.Module):
+    """Pre-norm gated MLP: stateless, so it only adds ordinary kernels to every segment."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden)
+        self.gate_up = nn.Linear(hidden, 4 * hidden, bias=False)
+        self.down = nn.Linear(2 * hidden, hidden, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(self.norm(hidden)).chunk(2, dim=-1)
+        return hidden + self.down(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ToyConfig, kind: str, layer_name: str) -> None:
+        super().__init__()
+        if kind == "attn":
+            self.mixer: nn.Module = Attention(config, layer_name)
+        elif kind == "sconv":
+            self.mixer = ShortConv(config, layer_name, strict=config.strict_layers)
+        else:
+            self.mixer = Compressor(config, layer_name, strict=config.strict_layers)
+        self.mlp = MLP(config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.mixer(hidden))
+
+
+class ToyTransformer(nn.Module):
+    """Embeddings, one ``DecoderLayer`` per pattern entry, a final norm and the LM head.
+
+    Weights depend only on ``config`` (seeded, built on the CPU in float32, then moved), so two
+    models with the same config are identical: the basis of every replay-vs-eager comparison.
+    """
+
+    def __init__(self, config: ToyConfig, device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        self.config = config
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_positions = nn.Embedding(config.max_model_len, config.hidden_size)
+            self.layers = nn.ModuleList(
+                DecoderLayer(config, kind, name) for kind, name in zip(config.layers, config.layer_names))
+            self.norm = nn.RMSNorm(config.hidden_size)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.requires_grad_(False)
+        self.to(device=device, dtype=getattr(torch, config.dtype))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits ``[num_tokens, vocab]``. Metadata comes from the forward context, not from arguments."""
+        hidden = self.embed_tokens(input_ids) + self.embed_positions(positions)
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return self.lm_head(self.norm(hidden))
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every cache and state tensor, keyed ``"layers.2.compressor.state_cache"``."""
+        return {f"{layer.mixer.layer_name}.{key}": value
+                for layer in self.layers for key, value in layer.mixer.state_tensors().items()}

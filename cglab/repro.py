@@ -1,0 +1,146 @@
+"""The end-to-end reproduction: a graph runner against an eager reference on identical inputs.
+
+This is what ``python -m cglab repro`` runs, what notebook 04 plots and what the tests assert on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from cglab.config import CUDAGraphMode, ToyConfig, parse_layer_pattern
+from cglab.errors import CglabError, ConfigError
+from cglab.runner import ModelRunner, state_differences
+
+MAX_STEPS = 10_000
+MAX_POOL = 256
+
+
+@dataclass
+class ReproResult:
+    mode: str
+    legacy_skip_attn: bool
+    layers: str
+    backend: str
+    captured_sizes: dict[str, list[int]]
+    steps: int
+    max_abs_diff: float | None  # replay vs eager logits, over all decode steps
+    state_diverged: bool | None  # any cache/state tensor differs from the reference after the last step
+    error: str | None
+    # Not in the CLI's JSON contract; for plots and tests.
+    step_diffs: list[float] = field(default_factory=list)
+    step_modes: list[str] = field(default_factory=list)
+    state_diffs: dict[str, float] = field(default_factory=dict)
+    tolerance: float = 1e-4
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI contract's keys, in its order."""
+        keys = ("mode", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff",
+                "state_diverged", "error")
+        data = asdict(self)
+        return {k: data[k] for k in keys}
+
+    @property
+    def diverged(self) -> bool:
+        """Replay and eager disagree: in the logits of some step, or in some cache at the end."""
+        return bool(self.state_diverged) or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance)
+
+
+def tolerance(dtype: str) -> float:
+    """Differences below this are rounding (padding changes matmul shapes), not divergence."""
+    return 1e-4 if dtype == "float32" else 5e-2
+
+
+def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int], batch_sizes: Sequence[int], steps: int,
+                 seed: int = 0, strict_layers: bool = False, **overrides: Any) -> ToyConfig:
+    """A config sized for the scenario: the request pool holds the largest batch asked for, and the
+    caches hold every prompt plus every decode step."""
+    _check_sizes("batch size", batch_sizes)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise ConfigError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
+    pool = max(batch_sizes)
+    if pool > MAX_POOL:
+        raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports")
+    block_size = overrides.pop("block_size", 4)
+    max_model_len = _round_up(_MAX_PROMPT + steps, block_size)
+    return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=pool,
+                     max_model_len=max_model_len, block_size=block_size,
+                     num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
+                     max_num_batched_tokens=max(128, *capture_sizes), **overrides)
+
+
+_MIN_PROMPT, _MAX_PROMPT = 5, 14
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _check_sizes(what: str, sizes: Sequence[int]) -> None:
+    if not sizes:
+        raise ConfigError(f"give at least one {what}")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+            raise ConfigError(f"every {what} must be a positive integer, got {s!r}")
+
+
+def make_workload(config: ToyConfig, num_steps_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts of different lengths and each request's decode tokens, from the config's seed."""
+    gen = torch.Generator().manual_seed(config.seed + 1)
+    pool = config.max_num_reqs
+    lengths = torch.randint(_MIN_PROMPT, _MAX_PROMPT + 1, (pool,), generator=gen).tolist()
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    decode = torch.randint(0, config.vocab_size, (pool, num_steps_tokens), generator=gen).tolist()
+    return prompts, decode
+
+
+def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool = False,
+              layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
+              capture_sizes: Sequence[int] = (1, 2, 4, 8), batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
+              seed: int = 0, device: str = "cpu", **config_overrides: Any) -> ReproResult:
+    """Prefill a pool of requests eagerly, then run ``steps`` decode steps; step ``i`` runs the first
+    ``batch_sizes[i % len(batch_sizes)]`` requests. Compare every step's logits and, at the end, every
+    cache with an eager reference built from the same config."""
+    cg_mode = CUDAGraphMode.parse(mode)
+    _check_sizes("capture size", capture_sizes)
+    config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, **config_overrides)
+    result = ReproResult(cg_mode.value, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, None, None, None,
+                         tolerance=tolerance(config.dtype))
+    reference = ModelRunner(config, "none", device=device)
+    try:
+        runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn)
+    except CglabError as exc:  # a strict layer refusing to capture is a finding, not a crash
+        result.error = f"{type(exc).__name__}: {exc}"
+        if cg_mode is not CUDAGraphMode.NONE:
+            result.backend = "cuda" if reference.device.type == "cuda" else "sim"
+        return result
+    result.backend = runner.backend_name
+    if runner.cudagraph_manager is not None:
+        result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
+    prompts, decode = make_workload(config, steps)
+    try:
+        for i, prompt in enumerate(prompts):
+            for r in (runner, reference):
+                r.add_request(f"req{i}")
+                r.step({f"req{i}": prompt}, eager=True)
+        used = [0] * len(prompts)
+        for step in range(steps):
+            k = batch_sizes[step % len(batch_sizes)]
+            scheduled = {f"req{i}": [decode[i][used[i]]] for i in range(k)}
+            for i in range(k):
+                used[i] += 1
+            out = runner.step(scheduled)
+            ref = reference.step(scheduled)
+            result.step_diffs.append((out.logits.float() - ref.logits.float()).abs().max().item())
+            result.step_modes.append(str(out.descriptor))
+    except CglabError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        runner.close()
+    result.max_abs_diff = max(result.step_diffs) if result.step_diffs else None
+    result.state_diffs = state_differences(runner, reference)
+    result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
+    return result

@@ -1,0 +1,39 @@
+"""Request bookkeeping: which blocks each request owns and how many tokens it has stored.
+
+A much-reduced vLLM KV-cache manager: enough to give every request a block-table row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cglab.errors import CapacityError
+
+
+class BlockPool:
+    """Hands out block ids from a free list, lowest first (so runs are reproducible)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise CapacityError(
+                f"the paged caches are full: {n} more block(s) needed, {len(self._free)} free of {self.num_blocks}; "
+                "raise ToyConfig.num_blocks or free finished requests with free_request()")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+@dataclass
+class RequestState:
+    req_id: str
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,220 @@
+"""``ModelRunner``: one decode step from the request to the logits (vLLM: ``gpu/model_runner.py``).
+
+``step`` writes the batch into the persistent buffers, builds metadata into the builders' buffers,
+dispatches to a captured graph, and replays it, or runs the model eagerly when no graph fits.
+A runner created with ``cudagraph_mode="none"`` is the eager reference every comparison uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
+from cglab.buffers import BlockTables, InputBuffers
+from cglab.capture import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
+from cglab.config import CUDAGraphMode, ToyConfig
+from cglab.errors import CapacityError, ConfigError
+from cglab.forward_context import set_forward_context
+from cglab.graphs import get_backend
+from cglab.metadata import MetadataBuilder, build_attn_groups, prepare_attn
+from cglab.model import ToyTransformer
+from cglab.requests import BlockPool, RequestState
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"cpu"`` or ``"cuda"``, with an error that says how to go on without a GPU."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' was asked for but no CUDA GPU is visible; "
+                          "use device 'cpu' to run the CPU simulator of CUDA graphs")
+    return resolved
+
+
+@dataclass
+class PreparedStep:
+    """A step written into the buffers and ready to run; ``execute`` may run it more than once."""
+
+    descriptor: BatchExecutionDescriptor
+    input_batch: InputBatch
+    attn_metadata: dict[str, Any]
+    requests: list[RequestState]
+    seq_lens: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_batch.num_tokens
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # [num_tokens, vocab]: a copy, since a graph's output is overwritten next step
+    descriptor: BatchExecutionDescriptor  # how the step ran (cg_mode NONE: eagerly)
+
+
+class ModelRunner:
+    """A toy engine: a model, its persistent buffers, its metadata builders and its graphs."""
+
+    def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
+                 device: str | torch.device = "cpu", backend: str = "auto", legacy_skip_attn: bool = False,
+                 builders: dict[str, MetadataBuilder] | None = None,
+                 progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
+        """``legacy_skip_attn=True`` captures with the code from before vLLM PR #49364 (the bug)."""
+        self.config = config
+        self.device = resolve_device(device)
+        self.cudagraph_mode = CUDAGraphMode.parse(cudagraph_mode)
+        self.legacy_skip_attn = legacy_skip_attn
+        self.model = ToyTransformer(config, self.device)
+        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device)
+        self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
+                                        config.max_num_tokens, self.device)
+        self.attn_groups = build_attn_groups(config, self.device, builders)
+        self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, config.capture_sizes, config.max_num_reqs)
+        self.block_pool = BlockPool(config.num_blocks)
+        self.requests: dict[str, RequestState] = {}
+        self.cudagraph_manager: CudaGraphManager | None = None
+        if self.cudagraph_mode is not CUDAGraphMode.NONE:
+            if backend == "auto":
+                backend = "cuda" if self.device.type == "cuda" else "sim"
+            self.cudagraph_manager = CudaGraphManager(get_backend(backend, self.device), self.dispatcher)
+            with torch.inference_mode():
+                self.cudagraph_manager.capture(self.create_forward_fn, progress)
+
+    @property
+    def backend_name(self) -> str:
+        return self.cudagraph_manager.backend.name if self.cudagraph_manager else "eager"
+
+    # ------------------------------------------------------------ capture
+    def create_forward_fn(self, desc: BatchExecutionDescriptor,
+                          warmup: bool) -> Callable[[CUDAGraphMode], torch.Tensor]:
+        """Prepare ``desc``'s dummy inputs and metadata; return the forward the manager captures."""
+        num_tokens = desc.num_tokens
+        num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
+        args = (num_reqs, num_tokens, self.input_buffers, self.block_tables, self.attn_groups)
+        if self.legacy_skip_attn:  # the old, buggy path: PIECEWISE capture built no metadata
+            attn_metadata, _ = prepare_inputs_to_capture_legacy(
+                *args, skip_attn=desc.cg_mode is CUDAGraphMode.PIECEWISE)
+        else:
+            attn_metadata, _ = prepare_inputs_to_capture(*args, full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)
+        input_ids = self.input_buffers.input_ids[:num_tokens]
+        positions = self.input_buffers.positions[:num_tokens]
+
+        def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
+            with set_forward_context(attn_metadata, cg_mode, desc):
+                return self.model(input_ids, positions)
+
+        return forward
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, req_id: str) -> None:
+        if req_id in self.requests:
+            raise ConfigError(f"request {req_id!r} already exists; use a new id or free_request() it first")
+        self.requests[req_id] = RequestState(req_id)
+
+    def free_request(self, req_id: str) -> None:
+        self.block_pool.free(self._request(req_id).block_ids)
+        del self.requests[req_id]
+
+    def _request(self, req_id: str) -> RequestState:
+        if req_id not in self.requests:
+            raise ConfigError(f"unknown request {req_id!r}; call add_request({req_id!r}) first")
+        return self.requests[req_id]
+
+    # ------------------------------------------------------------ one step
+    def step(self, scheduled: Mapping[str, Sequence[int]], eager: bool = False) -> StepOutput:
+        """Run one step: ``scheduled`` maps each request id to its new token ids (one for decode)."""
+        prepared = self.prepare_step(scheduled, eager)
+        logits = self.execute(prepared)[: prepared.num_tokens].clone()
+        for request, seq_len in zip(prepared.requests, prepared.seq_lens):
+            request.num_computed_tokens = seq_len
+        return StepOutput(logits, prepared.descriptor)
+
+    def prepare_step(self, scheduled: Mapping[str, Sequence[int]], eager: bool = False) -> PreparedStep:
+        """Dispatch the batch and write it, padded, into the persistent buffers; build its metadata."""
+        reqs, new_tokens = self._validate(scheduled)
+        query_lens = [len(t) for t in new_tokens]
+        seq_lens = [r.num_computed_tokens + q for r, q in zip(reqs, query_lens)]
+        for r, s in zip(reqs, seq_lens):
+            self._reserve_blocks(r, s)
+        num_reqs, num_tokens = len(reqs), sum(query_lens)
+        desc = (BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs) if eager
+                else self.dispatcher.dispatch(num_reqs, num_tokens, uniform_decode=max(query_lens) == 1))
+        graph = desc.cg_mode is not CUDAGraphMode.NONE
+        num_tokens_padded = desc.num_tokens if graph else num_tokens
+        num_reqs_padded = (desc.num_reqs or num_reqs) if graph else num_reqs
+
+        # Everything below writes in place into storage the graphs captured.
+        input_batch = InputBatch.prepare(query_lens, seq_lens, [t for ts in new_tokens for t in ts],
+                                         self.input_buffers, num_tokens_padded, num_reqs_padded)
+        block_table = self.block_tables.write_block_tables([r.block_ids for r in reqs], num_reqs_padded)
+        bs = self.config.block_size
+        slots = [r.block_ids[p // bs] * bs + p % bs
+                 for r, q, s in zip(reqs, query_lens, seq_lens) for p in range(s - q, s)]
+        slot_mapping = self.block_tables.write_slot_mappings(slots, num_tokens_padded)
+        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, self.attn_groups, for_capture=False)
+        return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
+
+    def execute(self, prepared: PreparedStep) -> torch.Tensor:
+        """Replay the graph ``prepared`` was dispatched to, or run eagerly. Returns the padded output,
+        which a graph overwrites at its next replay."""
+        desc = prepared.descriptor
+        with torch.inference_mode(), set_forward_context(prepared.attn_metadata, desc.cg_mode, desc):
+            if desc.cg_mode is CUDAGraphMode.NONE:
+                return self.model(prepared.input_batch.input_ids, prepared.input_batch.positions)
+            assert self.cudagraph_manager is not None
+            return self.cudagraph_manager.replay(desc)
+
+    def _validate(self, scheduled: Mapping[str, Sequence[int]]) -> tuple[list[RequestState], list[list[int]]]:
+        if not scheduled:
+            raise ConfigError("the step schedules no request; pass {request_id: [token ids], ...}")
+        if len(scheduled) > self.config.max_num_reqs:
+            raise ConfigError(f"{len(scheduled)} requests in one step, but max_num_reqs is "
+                              f"{self.config.max_num_reqs}; schedule fewer or raise ToyConfig.max_num_reqs")
+        reqs, tokens = [], []
+        for req_id, ids in scheduled.items():
+            reqs.append(self._request(req_id))
+            ids = [int(t) for t in ids]
+            if not ids:
+                raise ConfigError(f"request {req_id!r} has no new tokens in this step; give at least one")
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ConfigError(f"token id {bad[0]} of request {req_id!r} is outside the vocabulary "
+                                  f"[0, {self.config.vocab_size})")
+            tokens.append(ids)
+        total = sum(map(len, tokens))
+        if total > self.config.max_num_batched_tokens:
+            raise CapacityError(f"{total} tokens in one step, but max_num_batched_tokens is "
+                                f"{self.config.max_num_batched_tokens}; split the prompt over several steps "
+                                "or raise ToyConfig.max_num_batched_tokens")
+        return reqs, tokens
+
+    def _reserve_blocks(self, request: RequestState, seq_len: int) -> None:
+        if seq_len > self.config.max_model_len:
+            raise CapacityError(f"request {request.req_id!r} would reach {seq_len} tokens, but max_model_len is "
+                                f"{self.config.max_model_len}; raise ToyConfig.max_model_len or stop it sooner")
+        needed = -(-seq_len // self.config.block_size) - len(request.block_ids)
+        if needed > 0:
+            request.block_ids += self.block_pool.allocate(needed)
+
+    # ------------------------------------------------------------ inspection
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return self.model.state_tensors()
+
+    def close(self) -> None:
+        """Release the graphs (and, on a GPU, their memory pool)."""
+        if self.cudagraph_manager is not None:
+            self.cudagraph_manager.reset()
+
+
+def state_differences(runner: ModelRunner, reference: ModelRunner) -> dict[str, float]:
+    """Largest absolute difference of every cache and state tensor between two runners."""
+    ref = reference.state_tensors()
+    return {name: (t.float() - ref[name].float()).abs().max().item() for name, t in runner.state_tensors().items()}

@@ -1,0 +1,100 @@
+"""The missing-metadata bug and its fix, end to end, on every backend available."""
+
+import pytest
+
+from cglab import MissingMetadataError, ModelRunner, ToyConfig, run_repro, state_differences
+from cglab.metadata import AllocatingShortConvMetadataBuilder
+
+PATTERNS = ["sconv,attn,compressor,attn", "attn", "sconv", "compressor,compressor", "attn,sconv,attn"]
+MIXED_BATCHES = (3, 1, 8, 5, 2, 7)
+
+
+@pytest.mark.parametrize("mode", ["none", "piecewise", "full"])
+@pytest.mark.parametrize("layers", PATTERNS)
+def test_fixed_path_replay_equals_eager(device, mode, layers):
+    result = run_repro(mode, layers=layers, batch_sizes=MIXED_BATCHES, steps=14, device=device)
+    assert result.error is None
+    assert result.max_abs_diff < result.tolerance, result.step_diffs
+    assert not result.state_diverged, result.state_diffs
+    if mode != "none":
+        assert result.step_modes[0].startswith(mode.upper())  # a graph served the step, not eager
+
+
+def test_legacy_piecewise_diverges_silently(device):
+    result = run_repro("piecewise", legacy_skip_attn=True, layers="sconv,attn,compressor,attn", device=device)
+    assert result.error is None  # no error anywhere: that is the bug
+    assert result.max_abs_diff > 0.05  # not rounding: the layers' whole contribution is missing
+    assert result.state_diverged
+    assert result.state_diffs["layers.0.sconv.conv_state"] > 0.05
+
+
+def test_legacy_graph_never_writes_guarded_state(device):
+    """After eager prefill, legacy PIECEWISE decode steps write attention's KV cache but never the
+    sconv or compressor state: the graph replays the profiling branch."""
+    config = ToyConfig(max_num_reqs=4)
+    runner = ModelRunner(config, "piecewise", device=device, legacy_skip_attn=True)
+    for i in range(4):
+        runner.add_request(f"r{i}")
+        runner.step({f"r{i}": list(range(3, 9 + i))}, eager=True)
+    after_prefill = {k: v.clone() for k, v in runner.state_tensors().items()}
+    for step in range(8):
+        out = runner.step({f"r{i}": [step + i] for i in range(1 + step % 4)})
+        assert out.descriptor.cg_mode.name == "PIECEWISE"
+    changed = {k: not v.equal(after_prefill[k]) for k, v in runner.state_tensors().items()}
+    assert changed == {"layers.0.sconv.conv_state": False, "layers.1.attn.kv_cache": True,
+                       "layers.2.compressor.state_cache": False, "layers.2.compressor.compressed_cache": False,
+                       "layers.3.attn.kv_cache": True}
+
+
+def test_legacy_piecewise_with_strict_layers_fails_loudly(device):
+    result = run_repro("piecewise", legacy_skip_attn=True, strict_layers=True, device=device)
+    assert result.error is not None and result.error.startswith("MissingMetadataError")
+    assert "prepare_inputs_to_capture" in result.error
+
+
+def test_strict_layers_capture_fine_with_the_fix(device):
+    result = run_repro("piecewise", strict_layers=True, device=device)
+    assert result.error is None and not result.diverged
+
+
+def test_legacy_path_is_harmless_for_attention_only(device):
+    result = run_repro("piecewise", legacy_skip_attn=True, layers="attn,attn", device=device)
+    assert result.error is None and not result.diverged
+
+
+def test_legacy_switch_leaves_full_untouched(device):
+    result = run_repro("full", legacy_skip_attn=True, device=device)
+    assert result.error is None and not result.diverged
+
+
+def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
+    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
+    reference = ModelRunner(config, "none", device=device)
+    runner = ModelRunner(config, "piecewise", device=device,
+                         builders={"sconv": AllocatingShortConvMetadataBuilder(config, reference.device)})
+    for i in range(4):
+        for r in (runner, reference):
+            r.add_request(f"r{i}")
+            r.step({f"r{i}": [1, 2, 3, 4, 5 + i]}, eager=True)
+    worst = 0.0
+    for step in range(6):
+        batch = {f"r{i}": [(step + i) % config.vocab_size] for i in range(1 + step % 4)}
+        worst = max(worst, (runner.step(batch).logits - reference.step(batch).logits).abs().max().item())
+    assert worst > 0.05  # the graph reads the capture batch's tap slots, not the live ones
+    # Writes use the slot mapping, which is a persistent buffer: the state stays right, the reads do not.
+    assert state_differences(runner, reference)["layers.0.sconv.conv_state"] < 1e-4
+    runner.close()
+
+
+def test_legacy_guarded_graph_records_nothing_for_the_layer(device):
+    config = ToyConfig(layers=("sconv",), capture_sizes=(2,))
+    fixed = ModelRunner(config, "piecewise", device=device)
+    legacy = ModelRunner(config, "piecewise", device=device, legacy_skip_attn=True)
+    (f,), (g,) = fixed.cudagraph_manager.graphs.values(), legacy.cudagraph_manager.graphs.values()
+    assert g.graph.num_ops < f.graph.num_ops  # the sconv's kernels are missing from the legacy graph
+
+
+def test_capture_does_not_touch_caches(device):
+    runner = ModelRunner(ToyConfig(), "full", device=device)
+    reference = ModelRunner(ToyConfig(), "none", device=device)
+    assert all(d == 0 for d in state_differences(runner, reference).values())
