@@ -450,7 +450,7 @@ class CaptureSession(ABC):
 
 
 class _ActiveCapture:
-    """State of one running capture: the session, the steps so far, the mode."""
+    """State of one running capture: its session, whether it is breakable, the steps so far."""
 
     def __init__(self, session: CaptureSession, breakable: bool) -> None:
         self.session = session

@@ -42,9 +42,11 @@ _FIX_ANY = (
 class CudaSegment(GraphSegment):
     """One ``torch.cuda.CUDAGraph``; replay launches it on the current stream."""
 
-    def __init__(self, index: int, graph: torch.cuda.CUDAGraph, num_ops: int) -> None:
+    def __init__(self, index: int, graph: torch.cuda.CUDAGraph, num_ops: int, backend: CudaBackend) -> None:
         super().__init__(index, num_ops)
         self._graph: torch.cuda.CUDAGraph | None = graph
+        self._backend = backend
+        backend._graphs_in_pool += 1
 
     def replay(self) -> None:
         if self._graph is None:
@@ -55,6 +57,7 @@ class CudaSegment(GraphSegment):
         if self._graph is not None:
             self._graph.reset()
             self._graph = None
+            self._backend._release_pool_use()
 
 
 class _CountingMode(TorchDispatchMode):
@@ -123,7 +126,7 @@ class _CudaSession(CaptureSession):
         except BaseException:
             self._backend._forget_pool_after_failure(graph)
             raise
-        return CudaSegment(self._index, graph, self._mode.count)
+        return CudaSegment(self._index, graph, self._mode.count, self._backend)
 
     def abandon_segment(self) -> None:
         graph, self._graph = self._graph, None
@@ -140,6 +143,8 @@ class _CudaSession(CaptureSession):
             self._backend._forget_pool_after_failure(graph)
         else:
             graph.reset()
+            if self._backend._graphs_in_pool == 0:  # it was the pool's only user: see _release_pool_use
+                self._backend._pool = None
 
     def translate(self, exc: BaseException) -> BaseException | None:
         if isinstance(exc, CaptureError) or not _looks_like_capture_violation(exc):
@@ -170,6 +175,7 @@ class CudaBackend(GraphBackend):
         self.label = f"CUDA graphs on {dev} ({torch.cuda.get_device_name(dev)})"
         self._stream: torch.cuda.Stream | None = None
         self._pool: Any = None
+        self._graphs_in_pool = 0
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -206,6 +212,13 @@ class CudaBackend(GraphBackend):
                 yield
         finally:
             current.wait_stream(stream)  # later work on the current stream sees our writes
+
+    def _release_pool_use(self) -> None:
+        """Torch frees a private pool with the last graph that uses it, and refuses a later capture
+        into that pool's handle: once no graph uses the pool, the next capture gets a new one."""
+        self._graphs_in_pool -= 1
+        if self._graphs_in_pool == 0:
+            self._pool = None
 
     def _forget_pool_after_failure(self, graph: torch.cuda.CUDAGraph) -> None:
         """After a capture CUDA aborted, torch may leave this pool registered as 'being captured
