@@ -20,12 +20,13 @@ def test_fixed_path_replay_equals_eager(device, mode, layers):
         assert result.step_modes[0].startswith(mode.upper())  # a graph served the step, not eager
 
 
-def test_legacy_piecewise_diverges_silently(device):
-    result = run_repro("piecewise", legacy_skip_attn=True, layers="sconv,attn,compressor,attn", device=device)
+@pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
+def test_legacy_piecewise_diverges_silently(device, layers):
+    result = run_repro("piecewise", legacy_skip_attn=True, layers=layers, device=device)
     assert result.error is None  # no error anywhere: that is the bug
     assert result.max_abs_diff > 0.05  # not rounding: the layers' whole contribution is missing
     assert result.state_diverged
-    assert result.state_diffs["layers.0.sconv.conv_state"] > 0.05
+    assert max(result.state_diffs.values()) > 0.05
 
 
 def test_legacy_graph_never_writes_guarded_state(device):
