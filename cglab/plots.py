@@ -1,0 +1,187 @@
+"""Figures of benchmark results (``cglab.bench``), matplotlib only, one question per Axes.
+
+Every title names the device the numbers come from; results of the CPU simulator also say, in the
+title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes one)
+and returns it, so notebooks can lay figures out as they like.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from cglab.bench import BenchResult
+
+__all__ = ["SIM_LABEL", "plot_kernel_floor", "plot_latency", "plot_overview", "plot_piecewise_break_cost",
+           "plot_speedup"]
+
+SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
+_STYLE = {"none": ("eager (NONE)", "tab:red", "o"), "piecewise": ("PIECEWISE", "tab:orange", "s"),
+          "full": ("FULL", "tab:blue", "^")}
+
+
+def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
+    """Median decode-step latency per mode against batch size, with the p10-p90 band."""
+    ax = _axes(ax)
+    for mode in result.modes:
+        label, color, marker = _STYLE[mode]
+        sizes, median = result.series(mode, "median_us")
+        ax.plot(sizes, median, marker=marker, color=color, label=label)
+        ax.fill_between(sizes, result.series(mode, "p10_us")[1], result.series(mode, "p90_us")[1], color=color,
+                        alpha=0.25, linewidth=0)
+    ax.set_ylabel("step latency, µs (median; band: p10-p90)")
+    ax.set_ylim(bottom=0)
+    return _finish(ax, result, "Decode-step latency", _all_sizes(result))
+
+
+def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
+    """Eager latency divided by each graph mode's, per batch size; the launch counts explain it."""
+    ax = _axes(ax)
+    if "none" not in result.modes:
+        return _missing(ax, result, "Speed-up over eager", "needs the eager mode (none) in the run")
+    eager = _by_size(result, "none", "median_us")
+    eager_launches = _by_size(result, "none", "launches")
+    notes = []
+    for mode in (m for m in ("piecewise", "full") if m in result.modes):
+        label, color, marker = _STYLE[mode]
+        sizes, median = result.series(mode, "median_us")
+        ratio = [eager[s] / m for s, m in zip(sizes, median)]
+        ax.plot(sizes, ratio, marker=marker, color=color, label=label)
+        launches = _by_size(result, mode, "launches")
+        notes.append(f"{label}: {ratio[0]:.1f}x at batch {sizes[0]}, {_count(launches[sizes[0]])} launches "
+                     f"vs {_count(eager_launches[sizes[0]])} eager")
+    ax.axhline(1.0, color="gray", linewidth=1, linestyle=":")
+    ax.set_ylabel("speed-up over eager (median latency ratio)")
+    ax.set_ylim(bottom=0)
+    _note(ax, "\n".join(notes))
+    return _finish(ax, result, "Speed-up over eager", _all_sizes(result))
+
+
+def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
+    """FULL replay latency against its kernel floor (the summed kernel time: launching for free)."""
+    ax = _axes(ax)
+    title = "FULL replay against the kernel floor"
+    if "full" not in result.modes:
+        return _missing(ax, result, title, "needs the FULL mode in the run")
+    sizes, median = result.series("full", "median_us")
+    floor = result.series("full", "kernel_floor_us")[1]
+    if all(math.isnan(f) for f in floor):
+        return _missing(ax, result, title, "no kernel floor was recorded")
+    _, color, marker = _STYLE["full"]
+    ax.plot(sizes, median, marker=marker, color=color, label="FULL replay (median)")
+    ax.fill_between(sizes, result.series("full", "p10_us")[1], result.series("full", "p90_us")[1], color=color,
+                    alpha=0.25, linewidth=0)
+    what = "summed aten op CPU time" if result.backend == "sim" else "summed kernel time"
+    ax.plot(sizes, floor, color="black", linestyle="--", marker=".", label=f"kernel floor ({what})")
+    for s, m, f in zip(sizes, median, floor):
+        if not math.isnan(f) and f > 0:
+            ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, m), textcoords="offset points", xytext=(0, 6),
+                        ha="center", fontsize=7)
+    ax.set_ylabel("µs per step (labels: replay over floor)")
+    ax.set_ylim(bottom=0)
+    return _finish(ax, result, title, sizes)
+
+
+def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Axes:
+    """What each eager break costs: (PIECEWISE - FULL) median latency divided by the breaks per step."""
+    ax = _axes(ax)
+    title = "PIECEWISE cost per eager break"
+    if not {"piecewise", "full"} <= set(result.modes):
+        return _missing(ax, result, title, "needs the PIECEWISE and FULL modes in the run")
+    full = _by_size(result, "full", "median_us")
+    rows = sorted((r for r in result.rows if r["mode"] == "piecewise" and r["batch_size"] in full),
+                  key=lambda r: r["batch_size"])
+    breaks = [r.get("eager_breaks") or 0 for r in rows]
+    if not rows or not all(breaks):
+        return _missing(ax, result, title, "the PIECEWISE graphs have no eager break")
+    sizes = [r["batch_size"] for r in rows]
+    cost = [(r["median_us"] - full[r["batch_size"]]) / b for r, b in zip(rows, breaks)]
+    _, color, marker = _STYLE["piecewise"]
+    ax.plot(sizes, cost, marker=marker, color=color, label="(PIECEWISE - FULL) / eager breaks")
+    ax.axhline(0.0, color="gray", linewidth=1, linestyle=":")
+    first = rows[0]
+    note = (f"{breaks[0]} eager breaks, {_count(first['launches'])} launches per PIECEWISE step "
+            f"vs {_count(_by_size(result, 'full', 'launches')[sizes[0]])} for FULL (batch {sizes[0]})")
+    if "attn_key_range" in first:  # FULL reads its capture-time key range: more attention work at large batch
+        full_keys = _by_size(result, "full", "attn_key_range")[sizes[0]]
+        note += f"\nattention key range: FULL {_count(full_keys)} keys, PIECEWISE {_count(first['attn_key_range'])}"
+    _note(ax, note)
+    ax.set_ylabel("extra µs per eager break (median)")
+    return _finish(ax, result, title, sizes)
+
+
+def plot_overview(result: BenchResult) -> Figure:
+    """The four figures in a 2x2 grid."""
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), layout="constrained")
+    plot_latency(result, axes[0, 0])
+    plot_speedup(result, axes[0, 1])
+    plot_kernel_floor(result, axes[1, 0])
+    plot_piecewise_break_cost(result, axes[1, 1])
+    suptitle = f"cglab bench: {_model(result)}, {result.device_name}"
+    if result.backend == "sim":
+        suptitle += f"\n{SIM_LABEL}"
+    fig.suptitle(suptitle)
+    return fig
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _axes(ax: Axes | None) -> Axes:
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.5), layout="constrained")
+    return ax
+
+
+def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int]) -> Axes:
+    ax.set_xscale("log", base=2)
+    if sizes:
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.minorticks_off()
+    ax.set_xlabel("batch size (requests, one decode token each)")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="best")
+    return _title(ax, result, what)
+
+
+def _title(ax: Axes, result: BenchResult, what: str) -> Axes:
+    title = f"{what}\n{result.device_name}"
+    if result.backend == "sim":
+        title += f"\n{SIM_LABEL}"
+    ax.set_title(title, fontsize=10)
+    return ax
+
+
+def _missing(ax: Axes, result: BenchResult, what: str, why: str) -> Axes:
+    ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return _title(ax, result, what)
+
+
+def _note(ax: Axes, text: str) -> None:
+    if text:
+        ax.text(0.98, 0.03, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+                bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"})
+
+
+def _by_size(result: BenchResult, mode: str, column: str) -> dict[int, float]:
+    return dict(zip(*result.series(mode, column)))
+
+
+def _all_sizes(result: BenchResult) -> list[int]:
+    return sorted({r["batch_size"] for r in result.rows})
+
+
+def _count(value: float) -> str:
+    return "?" if math.isnan(value) else str(int(value))
+
+
+def _model(result: BenchResult) -> str:
+    c = result.config
+    try:
+        return f"{len(c['layers'].split(','))} layers, hidden {c['hidden_size']}, {c['dtype']}"
+    except (KeyError, AttributeError):
+        return "toy model"

@@ -1,0 +1,150 @@
+"""The benchmark's plumbing on the CPU: the CLI run, its files, overwrite rules, atomic writes, plots.
+
+Speed is never asserted here: the targets are reported from the recorded GPU runs in data/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from cglab import bench  # noqa: E402
+from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, save_results  # noqa: E402
+from cglab.cli import main  # noqa: E402
+from cglab.errors import ConfigError  # noqa: E402
+from cglab.plots import (  # noqa: E402
+    SIM_LABEL,
+    plot_kernel_floor,
+    plot_latency,
+    plot_overview,
+    plot_piecewise_break_cost,
+    plot_speedup,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+RECORDED = sorted(DATA.glob("*.csv"))
+TINY = ["bench", "--quick", "--device", "cpu", "--batch-sizes", "1,2", "--repeats", "5", "--warmup", "1"]
+PLOTS = (plot_latency, plot_speedup, plot_kernel_floor, plot_piecewise_break_cost)
+
+
+def _plot_all(result: BenchResult) -> list[str]:
+    titles = [fn(result).get_title() for fn in PLOTS]
+    plt.close("all")
+    plot_overview(result)
+    plt.close("all")
+    return titles
+
+
+def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "quick"
+    assert main(["bench", "--quick", "--device", "cpu", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = load_results(out)
+    assert summary["rows"] == result.rows and summary["backend"] == "sim"
+    assert {(r["mode"], r["batch_size"]) for r in result.rows} == {
+        (m, b) for m in ("none", "piecewise", "full") for b in (1, 2, 4, 8)}
+    assert list(result.rows[0])[: len(CSV_COLUMNS)] == list(CSV_COLUMNS)
+    for r in result.rows:
+        assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] and r["kernel_floor_us"] > 0
+        graph_launches = {"none": 0, "full": 1, "piecewise": r["graph_segments"]}[r["mode"]]
+        assert r["launches"] >= graph_launches
+    by_mode = {r["mode"]: r for r in result.rows if r["batch_size"] == 1}
+    assert by_mode["full"]["launches"] == 1 < by_mode["piecewise"]["launches"] < by_mode["none"]["launches"]
+    assert by_mode["none"]["launches"] == by_mode["none"]["kernels"] == by_mode["full"]["kernels"]
+    env = result.environment
+    assert env["backend"] == "sim" and env["torch"] and env["date"] and env["host_cpu"]
+    assert result.config["quick"] is True and result.config["toy_config"]["capture_sizes"] == [1, 2, 4, 8]
+    assert all(SIM_LABEL in title for title in _plot_all(result))
+
+
+def test_refuses_to_overwrite_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    existing = tmp_path / "run.json"
+    existing.write_text("keep me")
+    assert main([*TINY, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and "run.json" in err and len(err.strip().splitlines()) == 1
+    assert existing.read_text() == "keep me" and not (tmp_path / "run.csv").exists()
+
+
+def test_force_overwrites(tmp_path: Path) -> None:
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"run{suffix}").write_text("stale")
+    assert main([*TINY, "--modes", "full", "--out", str(tmp_path / "run.csv"), "--force"]) == 0
+    result = load_results(tmp_path / "run.json")
+    assert [(r["mode"], r["batch_size"]) for r in result.rows] == [("full", 1), ("full", 2)]
+
+
+@pytest.fixture
+def small_result() -> BenchResult:
+    row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
+    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "attn"})
+
+
+def test_atomic_write_leaves_nothing_on_error(tmp_path: Path, small_result: BenchResult,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    real_replace = bench.os.replace
+
+    def failing_replace(src: str, dst: str) -> None:
+        if str(dst).endswith(".json"):
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(bench.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        save_results(small_result, tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []  # no CSV without its JSON, no temp files
+
+    (tmp_path / "old.csv").write_text("old")
+    monkeypatch.setattr(bench.json, "dumps", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        save_results(small_result, tmp_path / "old", force=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["old.csv"] and (tmp_path / "old.csv").read_text() == "old"
+
+
+def test_save_and_load_round_trip(tmp_path: Path, small_result: BenchResult) -> None:
+    small_result.rows[0]["kernel_floor_us"] = math.nan
+    save_results(small_result, tmp_path / "sub" / "run")
+    loaded = load_results(tmp_path / "sub" / "run.csv")
+    assert loaded.rows[0]["median_us"] == 2.5 and loaded.rows[0]["launches"] == 1
+    assert math.isnan(loaded.rows[0]["kernel_floor_us"]) and loaded.environment == small_result.environment
+    with pytest.raises(ConfigError, match="force"):
+        save_results(small_result, tmp_path / "sub" / "run")
+
+
+def test_load_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no benchmark results"):
+        load_results(tmp_path / "missing")
+    (tmp_path / "bad.csv").write_text("mode,batch_size\nfull,1\n")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="missing column"):
+        load_results(tmp_path / "bad")
+
+
+@pytest.mark.parametrize("kwargs", [{"modes": ("full_and_piecewise",)}, {"batch_sizes": ()},
+                                    {"batch_sizes": (0,)}, {"repeats": 2}, {"prompt_len": 40}])
+def test_bad_config_is_refused(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        BenchConfig.quick_preset(**kwargs)
+
+
+def test_recorded_files_exist() -> None:
+    assert len(RECORDED) >= 2, "data/ should hold the recorded GPU runs (see data/README.md)"
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_files_parse_and_plot(path: Path) -> None:
+    result = load_results(path)
+    assert result.rows and result.backend == "cuda"
+    assert {"device_name", "driver", "torch", "cuda", "date", "host_cpu"} <= set(result.environment)
+    assert {r["backend"] for r in result.rows} == {"cuda"}
+    assert result.config["toy_config"]["capture_sizes"] == sorted({r["batch_size"] for r in result.rows})
+    titles = _plot_all(result)
+    assert all(result.device_name in t and SIM_LABEL not in t for t in titles)
