@@ -7,7 +7,14 @@ from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatc
 from cglab.buffers import PAD_SLOT_ID, BlockTables, InputBuffers
 from cglab.capture import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
 from cglab.config import CUDAGraphMode, ToyConfig
-from cglab.errors import CapacityError, CaptureError, CglabError, ConfigError, MissingMetadataError
+from cglab.errors import (
+    AddressChangedError,
+    CapacityError,
+    CaptureError,
+    CglabError,
+    ConfigError,
+    MissingMetadataError,
+)
 from cglab.forward_context import get_forward_context, set_forward_context
 from cglab.metadata import prepare_attn
 from cglab.model import ToyTransformer
@@ -15,7 +22,8 @@ from cglab.repro import ReproResult, run_repro
 from cglab.runner import ModelRunner, StepOutput, state_differences
 
 __all__ = [
-    "PAD_SLOT_ID", "BatchExecutionDescriptor", "BlockTables", "CUDAGraphMode", "CapacityError", "CaptureError",
+    "PAD_SLOT_ID", "AddressChangedError", "BatchExecutionDescriptor", "BlockTables", "CUDAGraphMode", "CapacityError",
+    "CaptureError",
     "CglabError", "ConfigError", "CudaGraphManager", "CudagraphDispatcher", "InputBatch", "InputBuffers",
     "MissingMetadataError", "ModelRunner", "ReproResult", "StepOutput", "ToyConfig", "ToyTransformer",
     "get_forward_context", "prepare_attn", "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy",

@@ -11,7 +11,8 @@ between them *is* the bug this suite teaches:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ import torch
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.config import CUDAGraphMode
+from cglab.errors import AddressChangedError, CaptureError
 from cglab.graphs import CapturedGraph, GraphBackend
 from cglab.metadata import AttentionGroup, prepare_attn
 
@@ -63,13 +65,48 @@ def prepare_inputs_to_capture_legacy(num_reqs: int, num_tokens: int, input_buffe
     return attn_metadata, slot_mapping
 
 
+def graph_reads(attn_metadata: Mapping[str, Any] | None, **buffers: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every tensor a forward reads from outside its graph, by name: the ``buffers`` given (inputs,
+    caches) plus each metadata field, as ``"layers.0.sconv.tap_slots"``."""
+    reads = dict(buffers)
+    for layer_name, metadata in (attn_metadata or {}).items():
+        if isinstance(metadata, torch.Tensor):
+            reads[layer_name] = metadata
+        elif dataclasses.is_dataclass(metadata):
+            for f in dataclasses.fields(metadata):
+                value = getattr(metadata, f.name)
+                if isinstance(value, torch.Tensor):
+                    reads[f"{layer_name}.{f.name}"] = value
+    return reads
+
+
+@dataclass
+class CaptureForward:
+    """A forward over one descriptor's dummy batch, run as ``forward(cg_mode)``, plus what it reads
+    from outside the graph (see ``graph_reads``), so the manager can check those addresses at replay."""
+
+    run: Callable[[CUDAGraphMode], torch.Tensor]
+    reads: dict[str, torch.Tensor]
+
+    def __call__(self, cg_mode: CUDAGraphMode) -> torch.Tensor:
+        return self.run(cg_mode)
+
+
 class ForwardFnFactory(Protocol):
-    def __call__(self, desc: BatchExecutionDescriptor, warmup: bool) -> Callable[[CUDAGraphMode], torch.Tensor]:
-        """A forward over ``desc``'s dummy batch, run as ``fn(cg_mode)``.
+    def __call__(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
+        """A forward over ``desc``'s dummy batch.
 
         Called twice per graph, once for warmup and once for capture, each time preparing fresh
         inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that way).
         """
+
+
+# A tensor's address as a graph bakes it in: where its first element lives and how it is laid out.
+_Address = tuple[int, tuple[int, ...]]
+
+
+def _address(t: torch.Tensor) -> _Address:
+    return t.data_ptr(), t.stride()
 
 
 @dataclass
@@ -78,34 +115,65 @@ class CapturedEntry:
     output: torch.Tensor  # the static output: the graph rewrites this storage at every replay
     # Keeps the capture-time inputs alive, so a graph that still reads them reads stale values
     # (deterministic and teachable) rather than freed memory.
-    keepalive: Callable[[CUDAGraphMode], torch.Tensor]
+    keepalive: CaptureForward
+    addresses: dict[str, _Address]  # what the graph reads, as captured; checked before replay
 
 
 class CudaGraphManager:
-    """Captures one graph per descriptor in one memory pool, and replays them."""
+    """Captures one graph per descriptor in one memory pool, and replays them.
 
-    def __init__(self, backend: GraphBackend, dispatcher: CudagraphDispatcher) -> None:
+    ``check_addresses=True`` is vLLM's debug check: before each replay, every tensor the graph read
+    at capture must still live where it lived then. Cheap, but not free, hence off by default on CUDA.
+    """
+
+    def __init__(self, backend: GraphBackend, dispatcher: CudagraphDispatcher, check_addresses: bool = False) -> None:
         self.backend = backend
         self.dispatcher = dispatcher
+        self.check_addresses = check_addresses
         self.graphs: dict[BatchExecutionDescriptor, CapturedEntry] = {}
+        self._released = False
 
     def capture(self, create_forward_fn: ForwardFnFactory,
                 progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
         for desc in self.dispatcher.capture_descriptors():  # PIECEWISE first, then FULL; largest first
-            with self.backend.warmup_context():
-                create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
-            forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
-            graph, output = self.backend.capture(lambda: forward_fn(desc.cg_mode),
-                                                 breakable=desc.cg_mode is CUDAGraphMode.PIECEWISE)
-            self.graphs[desc] = CapturedEntry(graph, output, forward_fn)
+            try:
+                with self.backend.warmup_context():
+                    create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
+                forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
+                graph, output = self.backend.capture(lambda: forward_fn(desc.cg_mode),
+                                                     breakable=desc.cg_mode is CUDAGraphMode.PIECEWISE)
+            except CaptureError as exc:  # same type, so callers can still tell the rules apart
+                raise type(exc)(f"capturing the {desc} graph failed: {exc}") from exc
+            addresses = {name: _address(t) for name, t in forward_fn.reads.items() if t.numel()}
+            self.graphs[desc] = CapturedEntry(graph, output, forward_fn, addresses)
             if progress is not None:
                 progress(desc)
 
-    def replay(self, desc: BatchExecutionDescriptor) -> torch.Tensor:
-        """Replay ``desc``'s graph; its inputs must already be in the persistent buffers."""
-        entry = self.graphs[desc]
+    def replay(self, desc: BatchExecutionDescriptor, reads: Mapping[str, torch.Tensor] | None = None,
+               source: Callable[[str], str] = lambda name: "") -> torch.Tensor:
+        """Replay ``desc``'s graph; its inputs must already be in the persistent buffers.
+
+        ``reads`` are the live tensors behind the names the graph read at capture (``graph_reads``);
+        with ``check_addresses`` on they are checked first. ``source(name)`` says who produced a tensor,
+        for the error message.
+        """
+        entry = self.graphs.get(desc)
+        if entry is None:
+            raise self._not_captured(desc)
+        if self.check_addresses and reads is not None:
+            _check_addresses(desc, entry.addresses, reads, source)
         entry.graph.replay()
         return entry.output
+
+    def _not_captured(self, desc: BatchExecutionDescriptor) -> CaptureError:
+        if self._released:
+            return CaptureError(f"cannot replay {desc}: the graphs were released by close(); "
+                                "build a new ModelRunner to capture them again")
+        captured = ", ".join(str(d) for d in self.graphs) or "none"
+        return CaptureError(
+            f"no graph was captured for {desc} (a shape the graph was not captured for; captured: {captured}). "
+            "A graph replays only the exact shape it was captured for: get the descriptor from "
+            "CudagraphDispatcher.dispatch(), which pads a batch to a captured size, or run the batch eagerly")
 
     @property
     def captured_sizes(self) -> dict[CUDAGraphMode, list[int]]:
@@ -115,6 +183,23 @@ class CudaGraphManager:
         return {mode: sorted(s) for mode, s in sizes.items()}
 
     def reset(self) -> None:
+        """Release every graph (on CUDA: their pool memory, once nothing else holds their outputs)."""
         for entry in self.graphs.values():
             entry.graph.reset()
         self.graphs.clear()
+        self._released = True
+
+
+def _check_addresses(desc: BatchExecutionDescriptor, captured: Mapping[str, _Address],
+                     reads: Mapping[str, torch.Tensor], source: Callable[[str], str]) -> None:
+    replaced = [name for name, t in reads.items()
+                if name in captured and t.numel() and _address(t) != captured[name]]
+    if not replaced:
+        return
+    names = ", ".join(f"{name}{source(name)}" for name in replaced)
+    verb = "was" if len(replaced) == 1 else "were"
+    raise AddressChangedError(
+        f"{names} {verb} replaced by a new tensor instead of written in place, so the {desc} graph would "
+        "keep reading the storage it saw at capture (stale values, no error on a GPU). Write new values "
+        "into the existing tensor (`buffer[:n].copy_(values)`); a metadata builder must fill a buffer it "
+        "allocated once and return a view of it, as ShortConvMetadataBuilder does")

@@ -1,4 +1,4 @@
-"""``python -m cglab``: the headless entry points (``repro`` now; more subcommands register here)."""
+"""``python -m cglab``: the headless entry points (``repro``, ``bench``; more subcommands register here)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
+
+import torch
 
 from cglab.errors import CglabError
 
@@ -68,10 +70,70 @@ def _run_repro(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mode_list(text: str) -> list[str]:
+    """``"none,full"`` -> ``["none", "full"]`` (argparse type: its error message names the argument)."""
+    modes = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not modes or any(m not in ("none", "piecewise", "full") for m in modes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes from none, piecewise, full; got {text!r}")
+    return modes
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure one decode step's latency per CUDA graph mode and batch size")
+    p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--quick", action="store_true", help="a small CPU-sized run that ends in seconds")
+    p.add_argument("--modes", type=_mode_list, help="default none,piecewise,full")
+    p.add_argument("--batch-sizes", type=int_list, help="default 1,2,4,...,256 (--quick: 1,2,4,8)")
+    p.add_argument("--layers", help="layer pattern; default sconv,attn,compressor,attn twice")
+    p.add_argument("--hidden-size", type=int)
+    p.add_argument("--num-heads", type=int)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=int, help="timed steps per mode and batch size")
+    p.add_argument("--warmup", type=int, help="untimed steps first")
+    p.add_argument("--prompt-len", type=int, help="tokens each request holds before the timed step")
+    p.add_argument("--max-model-len", type=int, help="FULL graphs attend over this many keys")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true", help="print the result summary as JSON on the last line")
+    p.add_argument("--force", action="store_true", help="overwrite OUT.csv / OUT.json if they exist")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from cglab.bench import BenchConfig, check_output, run_bench, save_results
+
+    names = ("modes", "batch_sizes", "layers", "hidden_size", "num_heads", "dtype", "repeats", "warmup",
+             "prompt_len", "max_model_len", "seed")
+    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    given["device"] = args.device
+    if "batch_sizes" in given:
+        given["batch_sizes"] = tuple(given["batch_sizes"])
+    if "modes" in given:
+        given["modes"] = tuple(given["modes"])
+    config = BenchConfig.quick_preset(**given) if args.quick else BenchConfig(**given)
+    check_output(args.out, args.force)  # before minutes of measuring, not after
+    result = run_bench(config, progress=sys.stderr.isatty())
+    csv_path, json_path = save_results(result, args.out, force=args.force)
+    if args.json:
+        print(json.dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
+        return 0
+    print(f"{result.device_name}, backend {result.backend}")
+    if result.backend == "sim":
+        print("  CPU simulator of CUDA graphs: semantics only, not GPU speed")
+    print(f"  {'mode':<10}{'batch':>6}{'median us':>12}{'p10':>10}{'p90':>10}{'floor us':>11}{'launches':>10}"
+          f"{'enqueue us':>12}")
+    for r in result.rows:
+        print(f"  {r['mode']:<10}{r['batch_size']:>6}{r['median_us']:>12.1f}{r['p10_us']:>10.1f}{r['p90_us']:>10.1f}"
+              f"{r['kernel_floor_us']:>11.1f}{r['launches']:>10}{r['enqueue_median_us']:>12.1f}")
+    print(f"wrote {csv_path} and {json_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m cglab", description="cglab: CUDA graph capture, the toy engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_repro(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -81,8 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
-        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    except (MemoryError, torch.OutOfMemoryError):
+        message = "out of memory; use fewer or smaller batch sizes, capture sizes or steps"
+    except KeyboardInterrupt:
+        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    print(f"{parser.prog} {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 __all__ = ["build_parser", "main"]

@@ -47,17 +47,23 @@ class CUDAGraphMode(enum.Enum):
         """``"piecewise"`` -> ``CUDAGraphMode.PIECEWISE``, with an error that lists the valid names."""
         if isinstance(value, CUDAGraphMode):
             return value
+        valid = ", ".join(m.value for m in cls)
+        if not isinstance(value, str):  # str(None) is "none": a missing value must not pick a mode
+            raise ConfigError(f"the CUDA graph mode must be a name such as 'piecewise', got {value!r}; "
+                              f"choose one of: {valid}")
         try:
-            return cls(str(value).strip().lower())
+            return cls(value.strip().lower())
         except ValueError:
-            valid = ", ".join(m.value for m in cls)
             raise ConfigError(f"unknown CUDA graph mode {value!r}; choose one of: {valid}") from None
 
 
 def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and unknown kinds."""
-    parts = pattern.split(",") if isinstance(pattern, str) else list(pattern)
-    kinds = tuple(p.strip().lower() for p in parts if str(p).strip())
+    parts = pattern.split(",") if isinstance(pattern, str) else pattern
+    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
+        raise ConfigError(f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, "
+                          f"got {pattern!r}")
+    kinds = tuple(p.strip().lower() for p in parts if p.strip())
     if not kinds:
         raise ConfigError(
             f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
@@ -75,10 +81,21 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= max_size)
 
 
-def _positive_int(name: str, value: object, hint: str = "") -> int:
+MAX_SEED = 2**32 - 1
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """``value`` if it is an int above zero (``True`` is not a size), else a ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}{hint}")
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_seed(seed: object) -> int:
+    """A seed is an integer from 0 to 2**32 - 1 (what numpy accepts too), so every tool can replay it."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -106,18 +123,24 @@ class ToyConfig:
         object.__setattr__(self, "layers", parse_layer_pattern(self.layers))
         for name in ("hidden_size", "num_heads", "vocab_size", "block_size", "num_blocks", "max_num_reqs",
                      "max_model_len", "max_num_batched_tokens", "sconv_kernel_size", "compress_ratio"):
-            _positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.block_size % self.compress_ratio:
             raise ConfigError(
                 f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
                 "so that a compressed group never straddles two blocks")
+        check_seed(self.seed)
+        if not isinstance(self.strict_layers, bool):
+            raise ConfigError(f"strict_layers must be True or False, got {self.strict_layers!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        if not isinstance(self.capture_sizes, (list, tuple)):
+            raise ConfigError(f"capture_sizes must be a list of token counts such as (1, 2, 4, 8), "
+                              f"got {self.capture_sizes!r}")
         sizes = tuple(self.capture_sizes)
         for s in sizes:
-            _positive_int("every capture size", s)
+            check_positive_int("every capture size", s)
         if len(set(sizes)) != len(sizes):
             raise ConfigError(f"capture sizes must be distinct, got {list(sizes)}; drop the duplicates")
         if sizes and max(sizes) > self.max_num_batched_tokens:

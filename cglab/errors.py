@@ -1,4 +1,8 @@
-"""The errors cglab raises. Every message says what went wrong *and* what to do instead."""
+"""The errors cglab raises. Every message says what went wrong *and* what to do instead.
+
+Bad input is a ``ConfigError`` (a ``ValueError``); a broken rule of graph capture or replay is a
+``CaptureError``. Catch ``CglabError`` to handle any of them.
+"""
 
 from __future__ import annotations
 
@@ -19,5 +23,12 @@ class MissingMetadataError(CaptureError):
     """A strict stateful layer ran without attention metadata (the loud form of the bug)."""
 
 
-class CapacityError(CglabError, RuntimeError):
-    """A cache or buffer ran out of room; the message names the limit to raise."""
+class AddressChangedError(CaptureError):
+    """A tensor a graph reads was replaced by a new one after capture; the graph would read the old one."""
+
+
+class CapacityError(ConfigError, RuntimeError):
+    """A cache or buffer ran out of room; the message names the limit to raise.
+
+    A ``ConfigError`` because the fix is a larger limit or a smaller request.
+    """

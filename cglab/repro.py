@@ -6,17 +6,22 @@ This is what ``python -m cglab repro`` runs, what notebook 04 plots and what the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
-from cglab.config import CUDAGraphMode, ToyConfig, parse_layer_pattern
+from cglab.config import CUDAGraphMode, ToyConfig, check_positive_int, check_seed, parse_layer_pattern
 from cglab.errors import CglabError, ConfigError
 from cglab.runner import ModelRunner, state_differences
 
 MAX_STEPS = 10_000
 MAX_POOL = 256
+MAX_SLOTS = 2**20  # cache rows per layer: about 128 MiB each at hidden size 32, float32
+MAX_CAPTURE_SIZE = 1024  # vLLM's default ladder stops at 512; more only makes a CPU capture crawl
+# Fields repro_config sizes itself from the scenario; every other ToyConfig field may be overridden.
+_DERIVED_FIELDS = frozenset({"layers", "capture_sizes", "max_num_reqs", "max_model_len", "num_blocks", "seed",
+                             "strict_layers", "max_num_batched_tokens"})
 
 
 @dataclass
@@ -59,13 +64,20 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int], batc
     """A config sized for the scenario: the request pool holds the largest batch asked for, and the
     caches hold every prompt plus every decode step."""
     _check_sizes("batch size", batch_sizes)
+    _check_sizes("capture size", capture_sizes)
+    check_seed(seed)
+    _check_overrides(overrides)
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise ConfigError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     pool = max(batch_sizes)
     if pool > MAX_POOL:
-        raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports")
-    block_size = overrides.pop("block_size", 4)
+        raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; "
+                          "use smaller batch sizes")
+    block_size = check_positive_int("block_size", overrides.pop("block_size", 4))
     max_model_len = _round_up(_MAX_PROMPT + steps, block_size)
+    if pool * max_model_len > MAX_SLOTS:
+        raise ConfigError(f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
+                          f"per layer, above the toy's {MAX_SLOTS}; use fewer steps or a smaller largest batch size")
     return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=pool,
                      max_model_len=max_model_len, block_size=block_size,
                      num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
@@ -80,11 +92,24 @@ def _round_up(n: int, m: int) -> int:
 
 
 def _check_sizes(what: str, sizes: Sequence[int]) -> None:
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise ConfigError(f"give the {what}s as a list of positive integers such as [1, 2, 4], got {sizes!r}")
     if not sizes:
         raise ConfigError(f"give at least one {what}")
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
             raise ConfigError(f"every {what} must be a positive integer, got {s!r}")
+    if what == "capture size" and max(sizes) > MAX_CAPTURE_SIZE:
+        raise ConfigError(f"capture size {max(sizes)} is above {MAX_CAPTURE_SIZE}, the largest the toy captures; "
+                          "drop it (batches above every capture size run eagerly anyway)")
+
+
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    allowed = sorted(f.name for f in fields(ToyConfig) if f.init and f.name not in _DERIVED_FIELDS)
+    unknown = sorted(set(overrides) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown or derived config override(s) {', '.join(unknown)}; "
+                          f"run_repro accepts: {', '.join(allowed)} (it sizes the rest from the scenario)")
 
 
 def make_workload(config: ToyConfig, num_steps_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -105,7 +130,6 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     ``batch_sizes[i % len(batch_sizes)]`` requests. Compare every step's logits and, at the end, every
     cache with an eager reference built from the same config."""
     cg_mode = CUDAGraphMode.parse(mode)
-    _check_sizes("capture size", capture_sizes)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, **config_overrides)
     result = ReproResult(cg_mode.value, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, None, None, None,
                          tolerance=tolerance(config.dtype))

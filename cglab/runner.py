@@ -7,7 +7,8 @@ A runner created with ``cudagraph_mode="none"`` is the eager reference every com
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,13 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.capture import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
+from cglab.capture import (
+    CaptureForward,
+    CudaGraphManager,
+    graph_reads,
+    prepare_inputs_to_capture,
+    prepare_inputs_to_capture_legacy,
+)
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import CapacityError, ConfigError
 from cglab.forward_context import set_forward_context
@@ -35,7 +42,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise ConfigError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' was asked for but no CUDA GPU is visible; "
-                          "use device 'cpu' to run the CPU simulator of CUDA graphs")
+                          "use device 'cpu' (--device cpu) to run the CPU simulator of CUDA graphs")
     return resolved
 
 
@@ -66,8 +73,22 @@ class ModelRunner:
     def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
                  device: str | torch.device = "cpu", backend: str = "auto", legacy_skip_attn: bool = False,
                  builders: dict[str, MetadataBuilder] | None = None,
-                 progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
-        """``legacy_skip_attn=True`` captures with the code from before vLLM PR #49364 (the bug)."""
+                 progress: Callable[[BatchExecutionDescriptor], None] | None = None,
+                 check_addresses: bool | None = None) -> None:
+        """``legacy_skip_attn=True`` captures with the code from before vLLM PR #49364 (the bug).
+
+        ``check_addresses``: before every replay, check that each tensor the graph read at capture
+        was written in place, not replaced (``AddressChangedError``). ``None``: on for the simulator,
+        off for real CUDA graphs (where it would cost time in every measured step).
+        """
+        if not isinstance(config, ToyConfig):
+            raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
+                              "build one with ToyConfig(layers='sconv,attn', ...)")
+        if not isinstance(legacy_skip_attn, bool):
+            raise ConfigError(f"legacy_skip_attn must be True or False, got {legacy_skip_attn!r}")
+        if not isinstance(check_addresses, (bool, type(None))):
+            raise ConfigError(f"check_addresses must be True, False or None (the backend's default), "
+                              f"got {check_addresses!r}")
         self.config = config
         self.device = resolve_device(device)
         self.cudagraph_mode = CUDAGraphMode.parse(cudagraph_mode)
@@ -84,7 +105,10 @@ class ModelRunner:
         if self.cudagraph_mode is not CUDAGraphMode.NONE:
             if backend == "auto":
                 backend = "cuda" if self.device.type == "cuda" else "sim"
-            self.cudagraph_manager = CudaGraphManager(get_backend(backend, self.device), self.dispatcher)
+            graph_backend = get_backend(backend, self.device)
+            if check_addresses is None:
+                check_addresses = graph_backend.name == "sim"
+            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, check_addresses)
             with torch.inference_mode():
                 self.cudagraph_manager.capture(self.create_forward_fn, progress)
 
@@ -93,8 +117,7 @@ class ModelRunner:
         return self.cudagraph_manager.backend.name if self.cudagraph_manager else "eager"
 
     # ------------------------------------------------------------ capture
-    def create_forward_fn(self, desc: BatchExecutionDescriptor,
-                          warmup: bool) -> Callable[[CUDAGraphMode], torch.Tensor]:
+    def create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
         """Prepare ``desc``'s dummy inputs and metadata; return the forward the manager captures."""
         num_tokens = desc.num_tokens
         num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
@@ -111,7 +134,22 @@ class ModelRunner:
             with set_forward_context(attn_metadata, cg_mode, desc):
                 return self.model(input_ids, positions)
 
-        return forward
+        return CaptureForward(forward, self._graph_reads(attn_metadata, input_ids, positions))
+
+    def _graph_reads(self, attn_metadata: dict[str, Any] | None, input_ids: torch.Tensor,
+                     positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What a graph reads from outside itself: inputs, caches and metadata (checked at replay)."""
+        return graph_reads(attn_metadata, input_ids=input_ids, positions=positions, **self.state_tensors())
+
+    def _source(self, name: str) -> str:
+        """Who produced the tensor called ``name``, for error messages."""
+        if name in self.state_tensors():
+            return " (a cache of the model)"
+        layer = name.rpartition(".")[0]
+        for group in self.attn_groups:
+            if layer in group.layer_names:
+                return f" (returned by {type(group.builder).__name__}.build())"
+        return " (ModelRunner.input_buffers)"
 
     # ------------------------------------------------------------ requests
     def add_request(self, req_id: str) -> None:
@@ -169,10 +207,17 @@ class ModelRunner:
         with torch.inference_mode(), set_forward_context(prepared.attn_metadata, desc.cg_mode, desc):
             if desc.cg_mode is CUDAGraphMode.NONE:
                 return self.model(prepared.input_batch.input_ids, prepared.input_batch.positions)
-            assert self.cudagraph_manager is not None
-            return self.cudagraph_manager.replay(desc)
+            manager = self.cudagraph_manager
+            assert manager is not None
+            reads = None
+            if manager.check_addresses:
+                batch = prepared.input_batch
+                reads = self._graph_reads(prepared.attn_metadata, batch.input_ids, batch.positions)
+            return manager.replay(desc, reads, self._source)
 
     def _validate(self, scheduled: Mapping[str, Sequence[int]]) -> tuple[list[RequestState], list[list[int]]]:
+        if not isinstance(scheduled, Mapping):
+            raise ConfigError(f"step() takes a dict {{request_id: [token ids]}}, got {type(scheduled).__name__}")
         if not scheduled:
             raise ConfigError("the step schedules no request; pass {request_id: [token ids], ...}")
         if len(scheduled) > self.config.max_num_reqs:
@@ -181,7 +226,7 @@ class ModelRunner:
         reqs, tokens = [], []
         for req_id, ids in scheduled.items():
             reqs.append(self._request(req_id))
-            ids = [int(t) for t in ids]
+            ids = _token_ids(req_id, ids)
             if not ids:
                 raise ConfigError(f"request {req_id!r} has no new tokens in this step; give at least one")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
@@ -209,9 +254,23 @@ class ModelRunner:
         return self.model.state_tensors()
 
     def close(self) -> None:
-        """Release the graphs (and, on a GPU, their memory pool)."""
+        """Release the graphs (and, on a GPU, their memory pool). Eager steps still work afterwards."""
         if self.cudagraph_manager is not None:
             self.cudagraph_manager.reset()
+
+
+def _token_ids(req_id: str, ids: object) -> list[int]:
+    """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+        raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "
+                          f"write {{{req_id!r}: [5]}} for a single token")
+    values = list(ids)
+    try:
+        if not any(isinstance(t, bool) for t in values):  # True is an int to Python, never a token
+            return [operator.index(t) for t in values]
+    except TypeError:
+        pass
+    raise ConfigError(f"token ids of request {req_id!r} must be integers, got {values!r}")
 
 
 def state_differences(runner: ModelRunner, reference: ModelRunner) -> dict[str, float]:

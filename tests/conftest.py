@@ -7,6 +7,10 @@ import torch
 
 from cglab.config import ToyConfig
 
+# The toy's matrices are tiny: extra intra-op threads only spin, and on a busy CI machine (2 cores,
+# parallel CLI subprocesses) they made steps 30x slower.
+torch.set_num_threads(1)
+
 BACKEND_PARAMS = [
     pytest.param("cpu", id="sim"),
     pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(

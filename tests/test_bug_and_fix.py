@@ -2,7 +2,7 @@
 
 import pytest
 
-from cglab import MissingMetadataError, ModelRunner, ToyConfig, run_repro, state_differences
+from cglab import AddressChangedError, MissingMetadataError, ModelRunner, ToyConfig, run_repro, state_differences
 from cglab.metadata import AllocatingShortConvMetadataBuilder
 
 PATTERNS = ["sconv,attn,compressor,attn", "attn", "sconv", "compressor,compressor", "attn,sconv,attn"]
@@ -69,9 +69,10 @@ def test_legacy_switch_leaves_full_untouched(device):
 
 
 def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
+    """With the address guard off (the default on CUDA), the breakage is silent."""
     config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
     reference = ModelRunner(config, "none", device=device)
-    runner = ModelRunner(config, "piecewise", device=device,
+    runner = ModelRunner(config, "piecewise", device=device, check_addresses=False,
                          builders={"sconv": AllocatingShortConvMetadataBuilder(config, reference.device)})
     for i in range(4):
         for r in (runner, reference):
@@ -84,6 +85,21 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
     assert worst > 0.05  # the graph reads the capture batch's tap slots, not the live ones
     # Writes use the slot mapping, which is a persistent buffer: the state stays right, the reads do not.
     assert state_differences(runner, reference)["layers.0.sconv.conv_state"] < 1e-4
+    runner.close()
+
+
+def test_address_guard_catches_the_allocating_builder(device):
+    """On by default in the simulator (opt-in on CUDA): the first replay names the replaced tensor."""
+    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
+    runner = ModelRunner(config, "piecewise", device=device, check_addresses=None if device == "cpu" else True,
+                         builders={"sconv": AllocatingShortConvMetadataBuilder(config, device)})
+    runner.add_request("r0")
+    runner.step({"r0": [1, 2, 3]}, eager=True)  # eager steps read live tensors: nothing to guard
+    with pytest.raises(AddressChangedError) as err:
+        runner.step({"r0": [4]})
+    message = str(err.value)
+    assert message.startswith("layers.0.sconv.tap_slots (returned by AllocatingShortConvMetadataBuilder.build())")
+    assert "instead of written in place" in message and "PIECEWISE(tokens=1, reqs=any)" in message
     runner.close()
 
 

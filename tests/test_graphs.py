@@ -170,6 +170,23 @@ def test_host_sync_raises_and_backend_stays_usable(backend: GraphBackend, kind: 
     assert torch.equal(y.cpu(), torch.tensor([2.0, -1.0, 4.0]))
 
 
+SCALAR_READS = {
+    "item": lambda x: x.sum().item(),
+    "float": lambda x: float(x.sum()),
+    "int": lambda x: int(x.sum()),
+    "index": lambda x: list(range(x.long().sum())),
+}
+
+
+@pytest.mark.parametrize("kind", list(SCALAR_READS))
+def test_scalar_reads_raise_under_inference_mode(backend: GraphBackend, kind: str) -> None:
+    # Engines capture in inference mode, where these reads skip the dispatcher (no aten op to see).
+    x = _buf(backend, 1.0, 2.0)
+    with torch.inference_mode(), pytest.raises(CaptureError, match="^host sync during graph capture"):
+        backend.capture(lambda: SCALAR_READS[kind](x))
+    assert not is_capturing()
+
+
 def test_masked_scalar_assignment_is_not_a_sync(backend: GraphBackend) -> None:
     x = _buf(backend, 1.0, -2.0, 3.0)
 

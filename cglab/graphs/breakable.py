@@ -372,17 +372,26 @@ def _check_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
 # -- host reads that bypass the dispatcher -------------------------------------------------------
 
 # Printing (torch disables dispatch modes while formatting), tolist() and numpy() read tensor
-# memory directly from Python, so no dispatch mode sees them. They are guarded by patching
-# these Tensor methods for as long as any capture is running; the guard only bites in a
-# context whose capture is recording, so other threads print normally.
-_GUARDED_METHODS = ("__repr__", "tolist", "numpy")
+# memory directly from Python, so no dispatch mode sees them; under inference mode neither does
+# item() nor float()/int()/operator.index() on a tensor (engines capture in inference mode). They
+# are guarded by patching these Tensor methods for as long as any capture is running; the guard
+# only bites in a context whose capture is recording, so other threads print normally.
+_GUARDED_METHODS = {
+    "__repr__": "printing a tensor",
+    "tolist": "Tensor.tolist()",
+    "numpy": "Tensor.numpy()",
+    "item": "Tensor.item()",
+    "__float__": "float(tensor)",
+    "__int__": "int(tensor)",
+    "__index__": "using a tensor as an index or size",
+}
 _guard_lock = threading.Lock()
 _guard_users = 0
 _guard_saved: dict[str, Any] = {}
 
 
 def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    what = "printing a tensor" if name == "__repr__" else f"Tensor.{name}()"
+    what = _GUARDED_METHODS[name]
 
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

@@ -39,6 +39,11 @@ _FIX_ANY = (
 )
 
 
+# One side stream per device, shared by every backend: cuBLAS keeps a workspace per (handle,
+# stream) until the process ends, so a stream per backend would grow GPU memory with every runner.
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
 class CudaSegment(GraphSegment):
     """One ``torch.cuda.CUDAGraph``; replay launches it on the current stream."""
 
@@ -173,16 +178,15 @@ class CudaBackend(GraphBackend):
             dev = torch.device("cuda", torch.cuda.current_device())
         self.device = dev
         self.label = f"CUDA graphs on {dev} ({torch.cuda.get_device_name(dev)})"
-        self._stream: torch.cuda.Stream | None = None
         self._pool: Any = None
         self._graphs_in_pool = 0
 
     @property
     def stream(self) -> torch.cuda.Stream:
         """The side stream of capture and warmup (capture may not use the default stream)."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
-        return self._stream
+        if self.device not in _SIDE_STREAMS:
+            _SIDE_STREAMS[self.device] = torch.cuda.Stream(device=self.device)
+        return _SIDE_STREAMS[self.device]
 
     @property
     def pool(self) -> Any:

@@ -1,0 +1,30 @@
+"""The CLI's JSON contract (DESIGN.md): keys, order and exit codes that headless users rely on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cglab.cli import main
+
+KEYS = ["mode", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff", "state_diverged",
+        "error"]
+
+
+def _repro_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["repro", "--json", "--steps", "4", "--batch-sizes", "3,1", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_repro_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _repro_json(capsys, "--mode", "full")
+    assert list(data) == KEYS
+    assert data["backend"] == "sim" and data["captured_sizes"] == {"full": [1, 2]} and data["error"] is None
+    assert data["state_diverged"] is False and data["max_abs_diff"] < 1e-4
+
+
+def test_divergence_and_refused_capture_still_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _repro_json(capsys, "--legacy-skip-attn")["state_diverged"] is True  # divergence is the finding
+    error = _repro_json(capsys, "--legacy-skip-attn", "--strict-layers")["error"]
+    assert error.startswith("MissingMetadataError: capturing the PIECEWISE")

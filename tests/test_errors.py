@@ -1,0 +1,250 @@
+"""Every public entry point answers a mistake with one clear error that names the fix.
+
+Python API: a ``ConfigError`` (a ``ValueError``) or a ``CaptureError``, never a torch traceback.
+CLI: a non-zero exit and exactly one line on stderr.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cglab.layers.sconv
+from cglab import (
+    BatchExecutionDescriptor,
+    CapacityError,
+    CaptureError,
+    ConfigError,
+    CUDAGraphMode,
+    MissingMetadataError,
+    ModelRunner,
+    ToyConfig,
+    run_repro,
+)
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+
+
+def _message(call, error: type[Exception] = ConfigError) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as info:
+        call()
+    assert isinstance(info.value, (ValueError, CaptureError))
+    return str(info.value)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+CONFIG_CASES = {
+    "unknown layer kind": (dict(layers="sconv,atn"), "valid kinds: attn, sconv, compressor"),
+    "empty layer pattern": (dict(layers=" , "), "empty"),
+    "layer pattern of the wrong type": (dict(layers=5), "'sconv,attn'"),
+    "zero size": (dict(hidden_size=0), "hidden_size must be a positive integer"),
+    "float size": (dict(num_blocks=2.5), "num_blocks must be a positive integer"),
+    "bool size": (dict(max_num_reqs=True), "max_num_reqs must be a positive integer"),
+    "duplicate capture sizes": (dict(capture_sizes=(1, 2, 2)), "drop the duplicates"),
+    "non-positive capture size": (dict(capture_sizes=(0, 1)), "every capture size must be a positive integer"),
+    "capture sizes not a list": (dict(capture_sizes=8), "(1, 2, 4, 8)"),
+    "capture size above the token budget": (dict(capture_sizes=(256,)), "raise max_num_batched_tokens"),
+    "negative seed": (dict(seed=-1), "seed must be an integer from 0"),
+    "huge seed": (dict(seed=2**40), "seed must be an integer from 0"),
+    "strict_layers not a bool": (dict(strict_layers="yes"), "True or False"),
+    "unknown dtype": (dict(dtype="fp8"), "float32"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_bad_config_names_the_fix(case: str) -> None:
+    kwargs, fix = CONFIG_CASES[case]
+    assert fix in _message(lambda: ToyConfig(**kwargs))
+
+
+@pytest.mark.parametrize("mode", ["fulll", None, 3])
+def test_unknown_mode_lists_the_valid_ones(mode: object) -> None:
+    assert "none, piecewise, full" in _message(lambda: CUDAGraphMode.parse(mode))
+
+
+# -- ModelRunner ----------------------------------------------------------------------------------
+
+CONFIG = ToyConfig(layers=("sconv", "attn"), hidden_size=16, max_num_reqs=2, max_model_len=8, num_blocks=4,
+                   capture_sizes=(1, 2))
+
+
+@pytest.fixture
+def runner() -> ModelRunner:
+    r = ModelRunner(CONFIG, "full")
+    r.add_request("a")
+    return r
+
+
+RUNNER_CASES = {
+    "config of the wrong type": (lambda: ModelRunner({"layers": "attn"}), "ToyConfig(layers="),
+    "unknown mode": (lambda: ModelRunner(CONFIG, "pice"), "choose one of"),
+    "unknown backend": (lambda: ModelRunner(CONFIG, "full", backend="tpu"), "'sim'"),
+    "unknown device": (lambda: ModelRunner(CONFIG, device="tpu"), "use 'cpu' or 'cuda'"),
+    "flag not a bool": (lambda: ModelRunner(CONFIG, legacy_skip_attn="no"), "True or False"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUNNER_CASES))
+def test_bad_runner_arguments(case: str) -> None:
+    call, fix = RUNNER_CASES[case]
+    assert fix in _message(call)
+
+
+@NO_GPU
+def test_cuda_without_gpu_points_to_the_simulator() -> None:
+    assert "use device 'cpu' (--device cpu) to run the CPU simulator" in _message(
+        lambda: ModelRunner(CONFIG, device="cuda"))
+
+
+STEP_CASES = {
+    "not a dict": ([("a", [1])], "takes a dict"),
+    "nothing scheduled": ({}, "schedules no request"),
+    "unknown request": ({"b": [1]}, "call add_request('b') first"),
+    "no tokens": ({"a": []}, "give at least one"),
+    "bare int": ({"a": 5}, "{'a': [5]}"),
+    "string": ({"a": "12"}, "list of token ids"),
+    "float token": ({"a": [1.5]}, "must be integers"),
+    "bool token": ({"a": [True]}, "must be integers"),
+    "float tensor": ({"a": torch.tensor([1.0])}, "must be integers"),
+    "token outside the vocabulary": ({"a": [64]}, "outside the vocabulary [0, 64)"),
+}
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_bad_step_arguments(runner: ModelRunner, case: str) -> None:
+    scheduled, fix = STEP_CASES[case]
+    assert fix in _message(lambda: runner.step(scheduled))
+
+
+def test_integer_tensors_and_numpy_style_ints_are_token_ids(runner: ModelRunner) -> None:
+    assert runner.step({"a": torch.tensor([1, 2])}).logits.shape == (2, CONFIG.vocab_size)
+
+
+def test_batch_above_max_num_reqs(runner: ModelRunner) -> None:
+    for r in ("b", "c"):
+        runner.add_request(r)
+    assert "raise ToyConfig.max_num_reqs" in _message(lambda: runner.step({r: [1] for r in "abc"}))
+
+
+def test_capacity_errors_name_the_limit(runner: ModelRunner) -> None:
+    fix = _message(lambda: runner.step({"a": list(range(9))}), CapacityError)
+    assert "raise ToyConfig.max_model_len" in fix
+    runner.add_request("b")
+    runner.step({"a": list(range(8))})  # two blocks each: the four blocks run out at the next request
+    runner.step({"b": list(range(8))})
+    runner.add_request("c")
+    fix = _message(lambda: runner.step({"c": [1]}), CapacityError)
+    assert "the paged caches are full" in fix and "raise ToyConfig.num_blocks" in fix
+
+
+def test_too_many_tokens_in_one_step() -> None:
+    r = ModelRunner(ToyConfig(max_num_batched_tokens=8, capture_sizes=(1, 2)))
+    r.add_request("a")
+    assert "raise ToyConfig.max_num_batched_tokens" in _message(lambda: r.step({"a": [1] * 9}), CapacityError)
+
+
+# -- capture failures explain themselves ---------------------------------------------------------
+
+
+def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    forward = cglab.layers.sconv.ShortConv.forward
+
+    def syncing_forward(self, hidden):  # type: ignore[no-untyped-def]
+        if hidden.sum().item() > 1e30:  # a host sync: fine eagerly, illegal in a graph
+            return hidden
+        return forward(self, hidden)
+
+    monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", syncing_forward)
+    fix = _message(lambda: ModelRunner(CONFIG, "piecewise"), CaptureError)
+    assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: host sync during graph capture")
+    assert "use torch.where" in fix
+
+
+def test_missing_metadata_in_a_strict_layer_names_the_fix() -> None:
+    config = ToyConfig(layers=("sconv", "attn"), strict_layers=True, capture_sizes=(2,))
+    fix = _message(lambda: ModelRunner(config, "piecewise", legacy_skip_attn=True), MissingMetadataError)
+    assert "PIECEWISE(tokens=2, reqs=any)" in fix and "prepare_inputs_to_capture(..., full_cudagraph)" in fix
+
+
+def test_replaying_a_shape_that_was_never_captured(runner: ModelRunner) -> None:
+    never = BatchExecutionDescriptor(CUDAGraphMode.FULL, 3, 3)
+    fix = _message(lambda: runner.cudagraph_manager.replay(never), CaptureError)
+    assert "a shape the graph was not captured for" in fix and "CudagraphDispatcher.dispatch()" in fix
+
+
+def test_replay_after_close_says_how_to_go_on(runner: ModelRunner) -> None:
+    runner.close()
+    assert "build a new ModelRunner" in _message(lambda: runner.step({"a": [1]}), CaptureError)
+    assert runner.step({"a": [1]}, eager=True).descriptor.cg_mode is CUDAGraphMode.NONE
+
+
+# -- run_repro ------------------------------------------------------------------------------------
+
+REPRO_CASES = {
+    "zero steps": (dict(steps=0), "from 1 to 10000"),
+    "absurd steps": (dict(steps=10**9), "from 1 to 10000"),
+    "float steps": (dict(steps=2.5), "from 1 to 10000"),
+    "string steps": (dict(steps="3"), "from 1 to 10000"),
+    "negative seed": (dict(seed=-1), "seed must be an integer from 0"),
+    "no capture sizes": (dict(capture_sizes=[]), "at least one capture size"),
+    "duplicate capture sizes": (dict(capture_sizes=[2, 2]), "drop the duplicates"),
+    "huge capture size": (dict(capture_sizes=[4096]), "drop it"),
+    "capture sizes as a string": (dict(capture_sizes="1,2"), "[1, 2, 4]"),
+    "huge batch": (dict(batch_sizes=[300]), "use smaller batch sizes"),
+    "too many cache slots": (dict(batch_sizes=[256], steps=9000), "use fewer steps"),
+    "unknown override": (dict(hiden_size=8), "run_repro accepts: block_size"),
+    "derived override": (dict(max_num_reqs=8), "it sizes the rest"),
+    "bad block size": (dict(block_size=0), "block_size must be a positive integer"),
+    "unknown mode": (dict(mode="fulll"), "choose one of"),
+    "empty layers": (dict(layers=""), "the layer pattern is empty"),
+}
+
+
+@pytest.mark.parametrize("case", list(REPRO_CASES))
+def test_bad_repro_arguments(case: str) -> None:
+    kwargs, fix = REPRO_CASES[case]
+    mode = kwargs.pop("mode", "piecewise")
+    assert fix in _message(lambda: run_repro(mode, **kwargs))
+
+
+# -- CLI: one line, non-zero, no traceback ------------------------------------------------------
+
+CLI_CASES = {
+    "unknown mode": (["repro", "--mode", "fulll"], "choose from"),
+    "unknown layer kind": (["repro", "--layers", "sconv,atn"], "valid kinds: attn, sconv, compressor"),
+    "empty layer pattern": (["repro", "--layers", ","], "the layer pattern is empty"),
+    "duplicate capture sizes": (["repro", "--capture-sizes", "1,2,2"], "drop the duplicates"),
+    "zero steps": (["repro", "--steps", "0"], "from 1 to 10000"),
+    "absurd steps": (["repro", "--steps", "1000000000"], "from 1 to 10000"),
+    "negative seed": (["repro", "--seed", "-1"], "seed must be an integer from 0"),
+    "no subcommand": ([], "required"),
+}
+if not torch.cuda.is_available():
+    CLI_CASES["cuda without a GPU"] = (["repro", "--device", "cuda"], "--device cpu) to run the CPU simulator")
+
+
+@pytest.fixture(scope="module")
+def cli_results() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every case at once, in parallel: each one pays for importing torch."""
+    procs = {case: subprocess.Popen([sys.executable, "-m", "cglab", *argv], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for case, (argv, _) in CLI_CASES.items()}
+    results = {}
+    for case, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        results[case] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return results
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_cli_bad_arguments_one_line_no_traceback(cli_results, case: str) -> None:  # type: ignore[no-untyped-def]
+    result = cli_results[case]
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert CLI_CASES[case][1] in lines[0]
