@@ -1,0 +1,228 @@
+"""Pictures of the toy engine: its paged caches, its captured graphs, its divergence from eager.
+
+Every function returns a ``matplotlib.figure.Figure`` that pyplot does not manage, so a notebook
+shows it once (as the cell's value) and a test can draw it with no display at all. Text pictures
+(``describe_requests``) return strings, so notebooks can print them and nbval can check them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from cglab.batch import CudagraphDispatcher
+from cglab.config import CUDAGraphMode
+from cglab.graphs import CapturedGraph, EagerStep
+from cglab.repro import ReproResult
+from cglab.runner import ModelRunner, PreparedStep
+
+__all__ = ["describe_environment", "describe_requests", "describe_step", "draw_caches", "draw_divergence", "draw_graph_anatomy", "draw_padding"]
+
+DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
+_FREE = (1.0, 1.0, 1.0)
+_RESERVED = (0.9, 0.9, 0.9)  # in a request's block, not reached yet
+_MISSING = (0.85, 0.1, 0.1)  # the request reached this slot, yet the cache row was never written
+_EAGER = "#f28e2b"
+_SEGMENT = "#4e79a7"
+
+
+def _request_colors(n: int) -> list[tuple[float, float, float]]:
+    palette = ["#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#bab0ac", "#4e79a7", "#ff9da7"]
+    return [tuple(int(c[i : i + 2], 16) / 255 for i in (1, 3, 5)) for c in (palette * (n // len(palette) + 1))[:n]]
+
+
+def describe_environment(device: str = "cpu") -> str:
+    """Versions and the graph backend a notebook runs on, one per line."""
+    import platform
+    from importlib.metadata import version
+
+    import ipywidgets
+    import matplotlib
+
+    from cglab.graphs import get_backend
+
+    backend = get_backend("auto", device)
+    cuda = torch.version.cuda or "none (CPU build)"
+    lines = [
+        f"cglab {version('cglab')}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})",
+        f"matplotlib {matplotlib.__version__}, ipywidgets {ipywidgets.__version__}",
+        f"device: {device}; graph backend: {backend.name} = {backend.label}",
+    ]
+    return "\n".join(lines)
+
+
+def describe_requests(runner: ModelRunner) -> str:
+    """One line per request: tokens stored, the blocks it owns (its block-table row) and their slots."""
+    bs = runner.config.block_size
+    lines = []
+    for r in runner.requests.values():
+        spans = ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
+        lines.append(f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks {spans}")
+    return "\n".join(lines)
+
+
+def describe_step(prepared: PreparedStep) -> str:
+    """What a prepared step wrote into the persistent buffers, padding included."""
+    batch, desc = prepared.input_batch, prepared.descriptor
+    slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
+    return "\n".join([
+        f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)",
+        f"  query_start_loc {batch.query_start_loc.tolist()}",
+        f"  seq_lens        {batch.seq_lens.tolist()}",
+        f"  slot_mapping    {slot_mapping.tolist()}",
+    ])
+
+
+def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) -> np.ndarray:
+    """Per cache slot: has this cache row ever been written (any non-zero value)?"""
+    t = cache.detach().float().cpu()
+    if name.endswith("kv_cache"):  # [2, blocks, block_size, heads, dim]: keys and values share a slot
+        written = (t.flatten(1, 2).flatten(2) != 0).any(-1).any(0)
+    else:
+        written = (t.flatten(1) != 0).any(-1)
+    if name.endswith("compressed_cache"):  # one entry per `ratio` slots: stretch it over its group
+        written = written.repeat_interleave(ratio)
+    return written[:num_slots].numpy()
+
+
+def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title: str = "") -> Figure:
+    """Every cache of the model as one row of slots, coloured by the request that owns the slot.
+
+    A coloured cell holds data; red means the request has reached that slot but the cache row was
+    never written (the signature of the missing-metadata bug); grey is reserved for later tokens.
+    ``highlight_slots`` (this step's slot mapping) are marked with a triangle.
+    """
+    config = runner.config
+    bs, ratio = config.block_size, config.compress_ratio
+    requests = list(runner.requests.values())
+    used_blocks = max((b for r in requests for b in r.block_ids), default=0) + 1
+    num_slots = used_blocks * bs
+    owner = np.full(num_slots, -1)
+    stored = np.zeros(num_slots, dtype=bool)  # the request has a token at this slot
+    group_done = np.zeros(num_slots, dtype=bool)  # the slot's compressor group is complete
+    for i, r in enumerate(requests):
+        for pos in range(len(r.block_ids) * bs):
+            slot = r.block_ids[pos // bs] * bs + pos % bs
+            owner[slot] = i
+            stored[slot] = pos < r.num_computed_tokens
+            group_done[slot] = (pos // ratio + 1) * ratio <= r.num_computed_tokens
+    colors = _request_colors(len(requests))
+    states = runner.state_tensors()
+    image = np.ones((len(states), num_slots, 3))
+    for row, (name, cache) in enumerate(states.items()):
+        written = _rows_written(name, cache, num_slots, ratio)
+        expected = group_done if name.endswith("compressed_cache") else stored
+        for slot in range(num_slots):
+            if owner[slot] < 0:
+                image[row, slot] = _FREE
+            elif written[slot]:
+                image[row, slot] = colors[owner[slot]]
+            elif expected[slot]:
+                image[row, slot] = _MISSING
+            else:
+                image[row, slot] = _RESERVED
+
+    fig = Figure(figsize=(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8), dpi=DPI)
+    ax = fig.add_subplot()
+    ax.imshow(image, aspect="auto", interpolation="nearest")
+    for x in range(0, num_slots + 1, bs):
+        ax.axvline(x - 0.5, color="black", lw=0.8)
+    for y in range(len(states) + 1):
+        ax.axhline(y - 0.5, color="white", lw=2)
+    marked = [s for s in highlight_slots if 0 <= s < num_slots]
+    ax.plot(marked, [-0.75] * len(marked), "v", color="black", ms=7, clip_on=False)
+    ax.set_ylim(len(states) - 0.5, -0.5)
+    ax.set_yticks(range(len(states)), list(states))
+    ax.set_xticks([b * bs + (bs - 1) / 2 for b in range(used_blocks)], [str(b) for b in range(used_blocks)])
+    ax.set_xlabel(f"physical block (each holds {bs} slots; the compressed cache holds one entry per {ratio} slots)")
+    legend = [Patch(color=c, label=r.req_id) for c, r in zip(colors, requests)]
+    legend += [Patch(color=_MISSING, label="reached, never written"), Patch(color=_RESERVED, label="reserved"),
+               Patch(fc=_FREE, ec="black", label="free")]
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    ax.set_title(title or "paged caches (triangles: the slots this step writes)", pad=14)
+    fig.tight_layout()
+    return fig
+
+
+def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph]) -> Figure:
+    """Each graph as its replay sequence: segments (width = ops recorded) and eager breaks."""
+    fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
+    ax = fig.add_subplot()
+    eager_width = 5
+    widest = 0
+    for row, (label, graph) in enumerate(graphs.items()):
+        x = 0
+        y = len(graphs) - 1 - row
+        for step in graph.steps:
+            if isinstance(step, EagerStep):
+                ax.barh(y, eager_width, left=x, color=_EAGER, edgecolor="black")
+                ax.text(x + eager_width / 2, y, "eager\nattn", ha="center", va="center", fontsize=7)
+                x += eager_width
+            else:
+                width = max(step.num_ops, 1)
+                ax.barh(y, width, left=x, color=_SEGMENT if step.num_ops else "white", edgecolor="black",
+                        hatch="" if step.num_ops else "//")
+                ax.text(x + width / 2, y, f"{step.num_ops} ops", ha="center", va="center", fontsize=8,
+                        color="white" if step.num_ops else "black")
+                x += width
+        widest = max(widest, x)
+    ax.set_yticks(range(len(graphs)), list(reversed(list(graphs))))
+    ax.set_xlim(0, widest * 1.02)
+    ax.set_xlabel("replay order, left to right (a segment's width is the number of ops it recorded)")
+    ax.set_title("graph anatomy: segments replay as recorded; at eager breaks Python runs and reads live "
+                 "metadata", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
+    """The graph size each batch size runs in, and the padded rows it costs (eager past the last size)."""
+    tokens = np.arange(1, max_tokens + 1)
+    fig = Figure(figsize=(8, 3.4), dpi=DPI)
+    ax = fig.add_subplot()
+    modes = [m for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if m in dispatcher.policy.runtime_modes()]
+    for mode, style in zip(modes, ("-", "--")):
+        uniform = mode is CUDAGraphMode.FULL
+        padded = [dispatcher.dispatch(n, n, uniform_decode=uniform) for n in tokens]
+        size = np.array([d.num_tokens if d.cg_mode is not CUDAGraphMode.NONE else np.nan for d in padded])
+        ax.step(tokens, size, where="mid", ls=style, label=f"{mode.name} graph size")
+        ax.fill_between(tokens, tokens, size, step="mid", alpha=0.15)
+    ax.plot(tokens, tokens, color="black", lw=0.8, label="real tokens (no padding)")
+    ax.set_xlabel("tokens in the batch")
+    ax.set_ylabel("tokens the graph computes")
+    ax.set_title("padding to the next capture size (shaded: wasted rows; no line: runs eagerly)")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
+    """Left: replay-vs-eager logit difference at every decode step. Right: each cache's difference
+    from the eager reference after the last step."""
+    fig = Figure(figsize=(11, 3.6), dpi=DPI)
+    steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
+    floor = 1e-9  # exact agreement plotted at the floor of the log scale
+    tolerance = min((r.tolerance for r in results.values()), default=1e-4)
+    for label, result in results.items():
+        diffs = np.maximum(np.asarray(result.step_diffs, dtype=float), floor)
+        steps_ax.semilogy(np.arange(1, len(diffs) + 1), diffs, marker="o", ms=3, label=label)
+    steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
+    steps_ax.set_ylim(floor / 2, 10)
+    steps_ax.set_xlabel("decode step")
+    steps_ax.set_ylabel("max |replay - eager| (logits)")
+    steps_ax.legend(fontsize="small", frameon=False)
+    names = sorted({n for r in results.values() for n in r.state_diffs})
+    height = 0.8 / max(len(results), 1)
+    for i, (label, result) in enumerate(results.items()):
+        values = [result.state_diffs.get(n, 0.0) for n in names]
+        state_ax.barh(np.arange(len(names)) + i * height, values, height=height, label=label)
+    state_ax.set_yticks(np.arange(len(names)) + height * (len(results) - 1) / 2, names, fontsize=8)
+    state_ax.invert_yaxis()
+    state_ax.set_xlabel("max |cache - eager cache| after the last step")
+    state_ax.legend(fontsize="small", frameon=False, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,157 @@
+"""Interactive explorers for the notebooks.
+
+Each explorer is a pure function of its controls that computes and returns a figure
+(``decode_explorer``, ``divergence_explorer``, ``latency_explorer``): tests call them directly and
+a notebook shows them as static figures. ``interactive_*`` wraps one in ipywidgets controls whose
+initial values draw the same figure, so the notebook reads well even where widgets do not run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from cglab.bench import BenchResult
+from cglab.config import ToyConfig
+from cglab.draw import DPI, draw_caches, draw_divergence
+from cglab.repro import ReproResult, run_repro
+from cglab.runner import ModelRunner
+
+__all__ = [
+    "LAYER_MIXES", "decode_explorer", "decode_scenario", "divergence_explorer", "interactive_decode_explorer",
+    "interactive_divergence_explorer", "interactive_latency_explorer", "last_written_slots", "latency_explorer",
+    "verdict", "verdict_table",
+]
+
+PROMPT_LENGTHS = (5, 9, 3)  # three requests of different lengths: their blocks fill at different steps
+LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "attn,attn")
+
+
+def decode_scenario(runner: ModelRunner, steps: int,
+                    prompt_lengths: Sequence[int] = PROMPT_LENGTHS) -> list[torch.Tensor]:
+    """Prefill one request per prompt length (eagerly, as vLLM runs prefills of this shape), then run
+    ``steps`` decode steps over all of them. Returns each decode step's logits."""
+    vocab = runner.config.vocab_size
+    for i, length in enumerate(prompt_lengths):
+        runner.add_request(f"req{i}")
+        runner.step({f"req{i}": [(7 * i + 3 * j + 1) % vocab for j in range(length)]}, eager=True)
+    return [runner.step({f"req{i}": [(11 * i + 5 * step + 2) % vocab] for i in range(len(prompt_lengths))}).logits
+            for step in range(steps)]
+
+
+def last_written_slots(runner: ModelRunner) -> list[int]:
+    """The cache slot of every request's latest token."""
+    bs = runner.config.block_size
+    return [r.block_ids[(r.num_computed_tokens - 1) // bs] * bs + (r.num_computed_tokens - 1) % bs
+            for r in runner.requests.values()]
+
+
+def decode_explorer(step: int = 4, *, device: str = "cpu") -> Figure:
+    """The caches of an eager toy engine after the prefill and ``step`` decode steps."""
+    runner = ModelRunner(ToyConfig(), "none", device=device)
+    decode_scenario(runner, step)
+    what = "the prefill" if step == 0 else f"the prefill and {step} decode step{'s' * (step != 1)}"
+    title = f"after {what} (triangles: the slots the last step wrote)"
+    return draw_caches(runner, last_written_slots(runner), title=title)
+
+
+def verdict(result: ReproResult) -> str:
+    """One phrase, the same on every backend: what happened to the graph runner."""
+    if result.error:
+        return f"capture failed loudly ({result.error.split(':')[0]})"
+    if result.diverged:
+        return "DIVERGED from eager, and nothing raised"
+    return "matches eager"
+
+
+def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
+                        strict: bool = False, *, device: str = "cpu", steps: int = 16) -> Figure:
+    """The repro for one choice of controls, drawn next to the fixed path for comparison."""
+    chosen = run_repro(mode, legacy_skip_attn=legacy, layers=layers, strict_layers=strict, steps=steps,
+                       device=device)
+    label = f"{mode.upper()}{' legacy skip_attn' if legacy else ' fixed'}{' strict' if strict else ''}"
+    results = {label: chosen}
+    if legacy:
+        results[f"{mode.upper()} fixed"] = run_repro(mode, layers=layers, strict_layers=strict, steps=steps,
+                                                     device=device)
+    fig = draw_divergence(results)
+    fig.suptitle(f"{layers}: {label} -> {verdict(chosen)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def verdict_table(layer_mixes: Sequence[str], cases: Sequence[tuple[str, bool]], *, device: str = "cpu",
+                  steps: int = 12) -> str:
+    """A text grid: one row per layer mix, one column per (mode, legacy) case, each cell a verdict."""
+    headers = [f"{mode.upper()}{' legacy' if legacy else ' fixed'}" for mode, legacy in cases]
+    width = max(len(m) for m in layer_mixes)
+    lines = [" " * width + " | " + " | ".join(f"{h:^15}" for h in headers)]
+    for layers in layer_mixes:
+        cells = []
+        for mode, legacy in cases:
+            result = run_repro(mode, legacy_skip_attn=legacy, layers=layers, steps=steps, device=device)
+            cells.append("DIVERGED" if result.diverged else "ok")
+        lines.append(f"{layers:<{width}} | " + " | ".join(f"{c:^15}" for c in cells))
+    return "\n".join(lines)
+
+
+def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
+                     batch_sizes: Sequence[int] | None = None) -> Figure:
+    """Replay latency against batch size for the chosen modes and batch sizes of a bench result."""
+    from cglab.plots import plot_latency
+
+    rows = [r for r in result.rows
+            if (modes is None or r["mode"] in modes) and (batch_sizes is None or r["batch_size"] in batch_sizes)]
+    fig = Figure(figsize=(7, 4.5), dpi=DPI, layout="constrained")
+    plot_latency(BenchResult(rows, result.environment, result.config), fig.add_subplot())
+    return fig
+
+
+# ------------------------------------------------------------------ ipywidgets wrappers
+def _interactive(explorer: Callable[..., Figure], controls: dict[str, Any], **fixed: Any) -> Any:
+    """Controls above an output area that redraws ``explorer(**controls, **fixed)`` on every change."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    def show(**values: Any) -> None:
+        display(explorer(**values, **fixed))
+
+    output = widgets.interactive_output(show, controls)
+    return widgets.VBox([widgets.HBox(list(controls.values())), output])
+
+
+def interactive_decode_explorer(*, device: str = "cpu", max_step: int = 12) -> Any:
+    """A slider over decode steps; the caches redraw at each step."""
+    import ipywidgets as widgets
+
+    step = widgets.IntSlider(value=4, min=0, max=max_step, description="decode step")
+    return _interactive(decode_explorer, {"step": step}, device=device)
+
+
+def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
+    """Mode, the legacy switch, the layer mix and strict layers; the divergence plot redraws."""
+    import ipywidgets as widgets
+
+    controls = {
+        "mode": widgets.Dropdown(options=["piecewise", "full", "none"], value="piecewise", description="mode"),
+        "legacy": widgets.Checkbox(value=True, description="legacy skip_attn"),
+        "layers": widgets.Dropdown(options=list(LAYER_MIXES), value=LAYER_MIXES[0], description="layers"),
+        "strict": widgets.Checkbox(value=False, description="strict layers"),
+    }
+    return _interactive(divergence_explorer, controls, device=device)
+
+
+def interactive_latency_explorer(result: BenchResult) -> Any:
+    """Pick the modes and batch sizes to compare; the latency plot redraws."""
+    import ipywidgets as widgets
+
+    modes = result.modes
+    batches = sorted({r["batch_size"] for r in result.rows})
+    controls = {
+        "modes": widgets.SelectMultiple(options=modes, value=tuple(modes), description="modes"),
+        "batch_sizes": widgets.SelectMultiple(options=batches, value=tuple(batches), description="batch sizes"),
+    }
+    return _interactive(latency_explorer, controls, result=result)

@@ -1,0 +1,129 @@
+"""The notebooks' explorers and pictures, called directly (no display, Agg backend)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import ipywidgets  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from cglab import CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig, run_repro  # noqa: E402
+from cglab.bench import BenchConfig, run_bench  # noqa: E402
+from cglab.draw import (  # noqa: E402
+    describe_environment,
+    describe_requests,
+    describe_step,
+    draw_caches,
+    draw_divergence,
+    draw_graph_anatomy,
+    draw_padding,
+)
+from cglab.widgets import (  # noqa: E402
+    decode_explorer,
+    decode_scenario,
+    divergence_explorer,
+    interactive_decode_explorer,
+    interactive_divergence_explorer,
+    interactive_latency_explorer,
+    last_written_slots,
+    latency_explorer,
+    verdict,
+    verdict_table,
+)
+
+
+def _cell_colors(fig: Figure) -> torch.Tensor:
+    """The RGB image of the caches picture: [caches, slots, 3]."""
+    return torch.as_tensor(fig.axes[0].images[0].get_array())
+
+
+def test_decode_scenario_is_deterministic_and_marks_the_last_slots():
+    first, second = ModelRunner(ToyConfig(), "none"), ModelRunner(ToyConfig(), "none")
+    a, b = decode_scenario(first, 3), decode_scenario(second, 3)
+    assert len(a) == 3 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert last_written_slots(first) == first.block_tables.slot_mapping[:3].tolist()
+
+
+def test_decode_explorer_draws_every_cache_with_no_missing_write():
+    fig = decode_explorer(4)
+    assert isinstance(fig, Figure) and fig.axes[0].get_title().startswith("after the prefill and 4 decode steps")
+    image = _cell_colors(fig)
+    assert image.shape[0] == 5  # conv_state, two KV caches, state cache, compressed cache
+    missing = torch.tensor([0.85, 0.1, 0.1], dtype=image.dtype)
+    assert not (image == missing).all(-1).any()  # eager runs write every slot they reach
+
+
+def test_caches_picture_shows_the_legacy_bug_as_missing_writes():
+    runner = ModelRunner(ToyConfig(), "piecewise", legacy_skip_attn=True)
+    decode_scenario(runner, 4)
+    image = _cell_colors(draw_caches(runner, last_written_slots(runner)))
+    missing = (image == torch.tensor([0.85, 0.1, 0.1], dtype=image.dtype)).all(-1).any(-1)
+    names = list(runner.state_tensors())
+    assert dict(zip(names, missing.tolist())) == {
+        "layers.0.sconv.conv_state": True, "layers.1.attn.kv_cache": False, "layers.2.compressor.state_cache": True,
+        "layers.2.compressor.compressed_cache": True, "layers.3.attn.kv_cache": False}
+
+
+def test_divergence_explorer_titles_its_verdict():
+    fig = divergence_explorer("piecewise", legacy=True, steps=4)
+    assert "DIVERGED" in fig._suptitle.get_text()
+    fig = divergence_explorer("full", legacy=False, steps=4)
+    assert fig._suptitle.get_text().endswith("matches eager")
+
+
+def test_divergence_explorer_with_strict_layers_reports_the_loud_failure():
+    fig = divergence_explorer("piecewise", legacy=True, strict=True, steps=4)
+    assert "capture failed loudly (MissingMetadataError)" in fig._suptitle.get_text()
+
+
+def test_verdicts_and_table():
+    assert verdict(run_repro("piecewise", legacy_skip_attn=True, steps=4)).startswith("DIVERGED")
+    assert verdict(run_repro("piecewise", steps=4)) == "matches eager"
+    table = verdict_table(["sconv,attn", "attn"], [("piecewise", True), ("full", True)], steps=4)
+    rows = [line.split("|") for line in table.splitlines()[1:]]
+    assert [[c.strip() for c in row] for row in rows] == [["sconv,attn", "DIVERGED", "ok"], ["attn", "ok", "ok"]]
+
+
+def test_pictures_of_graphs_and_padding():
+    runner = ModelRunner(ToyConfig(capture_sizes=(4,)), "full_and_piecewise")
+    graphs = {str(d): e.graph for d, e in runner.cudagraph_manager.graphs.items()}
+    assert len(draw_graph_anatomy(graphs).axes) == 1
+    dispatcher = CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)
+    assert len(draw_padding(dispatcher, 10).axes[0].lines) == 3  # two modes and the no-padding line
+    fig = draw_divergence({"a": run_repro("piecewise", legacy_skip_attn=True, steps=3)})
+    assert len(fig.axes) == 2
+
+
+def test_text_pictures():
+    runner = ModelRunner(ToyConfig(), "full_and_piecewise")
+    decode_scenario(runner, 0)
+    assert describe_requests(runner).splitlines()[0] == "req0:  5 tokens in blocks 0 (slots 0-3), 1 (slots 4-7)"
+    text = describe_step(runner.prepare_step({"req0": [1], "req1": [1], "req2": [1]}))
+    assert text.splitlines() == ["FULL(tokens=4, reqs=4): 3 real token(s) in 3 request(s)",
+                                 "  query_start_loc [0, 1, 2, 3, 3]", "  seq_lens        [6, 10, 4, 0]",
+                                 "  slot_mapping    [5, 17, 23, -1]"]
+    assert "graph backend: sim" in describe_environment("cpu")
+
+
+@pytest.fixture(scope="module")
+def bench_result():
+    return run_bench(BenchConfig.quick_preset(batch_sizes=(1, 2), repeats=5, profile_steps=1), progress=False)
+
+
+def test_latency_explorer_filters_modes_and_batches(bench_result):
+    fig = latency_explorer(bench_result, modes=("full",), batch_sizes=(2,))
+    (ax,) = fig.axes
+    assert [line.get_label() for line in ax.lines] == ["FULL"]
+    assert list(ax.lines[0].get_xdata()) == [2]
+
+
+def test_interactive_wrappers_build_widgets(bench_result):
+    for widget in (interactive_decode_explorer(), interactive_divergence_explorer(),
+                   interactive_latency_explorer(bench_result)):
+        assert isinstance(widget, ipywidgets.VBox)
+        controls, output = widget.children
+        assert isinstance(output, ipywidgets.Output) and controls.children

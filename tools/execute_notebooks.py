@@ -1,0 +1,59 @@
+"""Execute notebooks in place, each in a fresh kernel on the CPU, and save their outputs.
+
+    python tools/execute_notebooks.py notebooks/*.ipynb notebooks/solutions/*.ipynb
+
+Each notebook runs with its own folder as the working directory. A cell that raises fails the run
+(and nothing is saved for that notebook) unless the cell is tagged ``raises-exception``, so a
+deliberate error is always marked as one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+
+def execute(path: Path, timeout: int) -> float:
+    """Run ``path`` top to bottom in a new kernel and write it back; return the seconds it took."""
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=False,
+                            record_timing=False, resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    nbformat.write(notebook, path)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default 120)")
+    args = parser.parse_args(argv)
+    # The saved outputs are the CPU ones, even on a machine with a GPU: they are what nbval checks.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    failed = []
+    for path in args.notebooks:
+        try:
+            seconds = execute(path, args.timeout)
+        except CellExecutionError as exc:
+            print(f"FAILED {path}: an untagged cell raised (tag it raises-exception if that is the lesson)\n{exc}",
+                  file=sys.stderr)
+            failed.append(path)
+            continue
+        print(f"executed {path} in {seconds:.1f} s")
+    if failed:
+        print(f"{len(failed)} notebook(s) failed: {', '.join(map(str, failed))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
