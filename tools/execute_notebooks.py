@@ -36,9 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default 120)")
+    parser.add_argument("--use-gpu", action="store_true",
+                        help="run on a visible GPU (real CUDA graphs); to check the suite there, not to commit")
     args = parser.parse_args(argv)
-    # The saved outputs are the CPU ones, even on a machine with a GPU: they are what nbval checks.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if not args.use_gpu:
+        # The saved outputs are the CPU ones, even on a machine with a GPU: they are what nbval checks.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     failed = []
     for path in args.notebooks:
         try:
