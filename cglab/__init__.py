@@ -21,6 +21,8 @@ from cglab.model import ToyTransformer
 from cglab.repro import ReproResult, run_repro
 from cglab.runner import ModelRunner, StepOutput, state_differences
 
+__version__ = "0.1.0"
+
 __all__ = [
     "PAD_SLOT_ID", "AddressChangedError", "BatchExecutionDescriptor", "BlockTables", "CUDAGraphMode", "CapacityError",
     "CaptureError",

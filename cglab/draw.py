@@ -38,17 +38,17 @@ def _request_colors(n: int) -> list[tuple[float, float, float]]:
 def describe_environment(device: str = "cpu") -> str:
     """Versions and the graph backend a notebook runs on, one per line."""
     import platform
-    from importlib.metadata import version
 
     import ipywidgets
     import matplotlib
 
+    from cglab import __version__
     from cglab.graphs import get_backend
 
     backend = get_backend("auto", device)
     cuda = torch.version.cuda or "none (CPU build)"
     lines = [
-        f"cglab {version('cglab')}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})",
+        f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})",
         f"matplotlib {matplotlib.__version__}, ipywidgets {ipywidgets.__version__}",
         f"device: {device}; graph backend: {backend.name} = {backend.label}",
     ]
