@@ -44,13 +44,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cglab.config import CUDAGraphMode, ToyConfig, parse_layer_pattern
 from cglab.errors import ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphSegment
-from cglab.graphs.breakable import _does_work, _fresh_outputs, _op_info
+from cglab.graphs.breakable import OpCounter
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
 __all__ = ["CSV_COLUMNS", "BenchConfig", "BenchResult", "check_output", "load_results", "result_paths",
@@ -305,24 +304,6 @@ def _time_steps(runner: ModelRunner, prepared: PreparedStep, rotations: torch.Te
     return out
 
 
-class _WorkCounter(TorchDispatchMode):
-    """Counts aten ops that do work (write memory or make new data): a kernel each on a GPU.
-    Views and bare allocations launch nothing; the rules are the graph backends' own."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        info = _op_info(func)
-        if not info.alloc and _does_work(info, _fresh_outputs(info, args, kwargs, out)):
-            self.count += 1
-        return out
-
-
 def _count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, int, int, int]:
     """(launches, kernels, graph segments, eager breaks) of one step, counted structurally.
 
@@ -331,7 +312,7 @@ def _count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, i
     """
     desc = prepared.descriptor
     if desc.cg_mode is CUDAGraphMode.NONE:
-        with _WorkCounter() as counter:
+        with OpCounter() as counter:
             runner.execute(prepared)
         return counter.count, counter.count, 0, 0
     assert runner.cudagraph_manager is not None
@@ -342,7 +323,7 @@ def _count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, i
             if isinstance(step, GraphSegment):
                 step.replay()
                 continue
-            with _WorkCounter() as counter:
+            with OpCounter() as counter:
                 step.replay()
             eager_ops += counter.count
     return graph.num_segments + eager_ops, graph.num_ops + eager_ops, graph.num_segments, graph.num_eager_breaks

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cglab import AddressChangedError, MissingMetadataError, ModelRunner, ToyConfig, run_repro, state_differences
+from cglab import AddressChangedError, ModelRunner, ToyConfig, run_repro, state_differences
 from cglab.metadata import AllocatingShortConvMetadataBuilder
 
 PATTERNS = ["sconv,attn,compressor,attn", "attn", "sconv", "compressor,compressor", "attn,sconv,attn"]

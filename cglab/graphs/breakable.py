@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cglab.errors import CaptureError
 
@@ -428,6 +429,36 @@ def _host_read_guard() -> Iterator[None]:
 # --------------------------------------------------------------------------------------------
 # The driver
 # --------------------------------------------------------------------------------------------
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops that do work (write memory or make new data: a kernel each on a GPU)
+    while ``active``. Views and bare allocations launch nothing and are not counted. One rule for
+    every backend, so "ops per segment" and "launches per step" mean the same everywhere.
+
+    ``check_host_syncs=True`` also stops host syncs before CUDA sees them: an error raised here
+    leaves a CUDA capture valid, so it can be closed cleanly.
+    """
+
+    def __init__(self, check_host_syncs: bool = False, active: bool = True) -> None:
+        super().__init__()
+        self.check_host_syncs = check_host_syncs
+        self.active = active
+        self.count = 0
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if not self.active:
+            return func(*args, **kwargs)
+        info = _op_info(func)
+        if self.check_host_syncs:
+            _check_host_sync(info, args, kwargs)
+        out = func(*args, **kwargs)
+        if not info.alloc and _does_work(info, _fresh_outputs(info, args, kwargs, out)):
+            self.count += 1
+        return out
 
 
 class CaptureSession(ABC):

@@ -11,18 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cglab.errors import CaptureError, ConfigError
 from cglab.graphs.breakable import (
     CaptureSession,
     GraphBackend,
     GraphSegment,
-    _check_host_sync,
-    _does_work,
-    _fresh_outputs,
+    OpCounter,
     _host_sync_error,
-    _op_info,
 )
 
 __all__ = ["CudaBackend", "CudaSegment"]
@@ -65,30 +61,6 @@ class CudaSegment(GraphSegment):
             self._backend._release_pool_use()
 
 
-class _CountingMode(TorchDispatchMode):
-    """Counts the ops of the open segment with the simulator's rules (so ``ops_per_segment``
-    means the same on both backends) and stops host syncs before CUDA sees them: an error
-    raised here leaves the capture valid, so it can be closed cleanly."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counting = False
-        self.count = 0
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if not self.counting:
-            return func(*args, **kwargs)
-        info = _op_info(func)
-        _check_host_sync(info, args, kwargs)
-        out = func(*args, **kwargs)
-        if not info.alloc and _does_work(info, _fresh_outputs(info, args, kwargs, out)):
-            self.count += 1
-        return out
-
-
 def _looks_like_capture_violation(exc: BaseException) -> bool:
     # torch raises AcceleratorError (a RuntimeError) with CUDA's text, e.g. "operation not
     # permitted when stream is capturing" or "... a previous error during capture".
@@ -98,7 +70,7 @@ def _looks_like_capture_violation(exc: BaseException) -> bool:
 class _CudaSession(CaptureSession):
     def __init__(self, backend: CudaBackend) -> None:
         self._backend = backend
-        self._mode = _CountingMode()
+        self._mode = OpCounter(check_host_syncs=True, active=False)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._index = -1
         self._stack = contextlib.ExitStack()
@@ -120,12 +92,12 @@ class _CudaSession(CaptureSession):
         self._graph, self._index = graph, index
         self._mode.count = 0
         graph.capture_begin(pool=self._backend.pool)
-        self._mode.counting = True
+        self._mode.active = True
 
     def finish_segment(self) -> GraphSegment:
         graph, self._graph = self._graph, None
         assert graph is not None, "no segment is open"
-        self._mode.counting = False
+        self._mode.active = False
         try:
             graph.capture_end()  # torch itself warns "The CUDA Graph is empty" if it is
         except BaseException:
@@ -135,7 +107,7 @@ class _CudaSession(CaptureSession):
 
     def abandon_segment(self) -> None:
         graph, self._graph = self._graph, None
-        self._mode.counting = False
+        self._mode.active = False
         if graph is None:
             return
         try:
