@@ -49,7 +49,7 @@ from cglab.config import CUDAGraphMode, ToyConfig, parse_layer_pattern
 from cglab.errors import ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphSegment
-from cglab.graphs.breakable import OpCounter
+from cglab.graphs.ops import OpCounter
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
 __all__ = ["CSV_COLUMNS", "BenchConfig", "BenchResult", "check_output", "load_results", "result_paths",

@@ -1,11 +1,11 @@
-"""The backend-agnostic capture driver, the captured-graph container and the aten op rules.
+"""The backend-agnostic capture driver and the captured-graph container.
 
 A capture is a list of *steps*: graph segments (recorded work, replayed as a unit) and eager
 steps (Python functions re-run at replay). FULL mode makes one segment; PIECEWISE mode
 (``breakable=True``) ends a segment at every call of an ``eager_break_during_capture``
 function, runs it eagerly and starts a new segment, as vLLM does around attention.
-Backends (sim, cuda) only say how to open and close one segment; everything else lives here
-so both backends obey the same rules.
+Backends (sim, cuda) only say how to open and close one segment; everything else lives here,
+and the aten op rules both obey live in ``ops``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cglab.errors import CaptureError
+from cglab.graphs.ops import _FIX_SCALAR, _host_sync_error
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -182,194 +181,6 @@ def eager_break_during_capture(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-# --------------------------------------------------------------------------------------------
-# Aten op rules shared by both backends
-# --------------------------------------------------------------------------------------------
-
-# Allocation-only ops: no kernel runs, so at replay there is nothing to do (the memory simply
-# holds whatever it holds, as uninitialised memory does).
-_ALLOC_OPS = frozenset(
-    {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
-)
-# Ops that write only bookkeeping, never tensor bytes.
-_BOOKKEEPING_OPS = frozenset({"record_stream"})
-
-
-@dataclass(frozen=True, slots=True)
-class _OpInfo:
-    """What an aten op does to memory, read once from its schema (cached per overload)."""
-
-    name: str
-    alloc: bool
-    writes: tuple[tuple[int, str], ...]  # (position, name) of the arguments it writes
-    fresh: tuple[int, ...]  # indices of returns that are new tensors (no alias annotation)
-    num_returns: int
-
-
-_OP_INFO: dict[Any, _OpInfo] = {}
-
-
-def _op_info(func: Any) -> _OpInfo:
-    info = _OP_INFO.get(func)
-    if info is None:
-        info = _OP_INFO[func] = _classify(func)
-    return info
-
-
-def _classify(func: Any) -> _OpInfo:
-    schema = func._schema
-    name = func.overloadpacket.__name__
-    alloc = name in _ALLOC_OPS
-    # In-place *view* ops (t_, unsqueeze_, set_, resize_) change only the Python tensor's
-    # metadata, which is already in place after capture: re-running them would apply it twice.
-    metadata_only = torch.Tag.inplace_view in func.tags or name in _BOOKKEEPING_OPS
-    writes: tuple[tuple[int, str], ...] = ()
-    fresh: tuple[int, ...] = ()
-    if not (alloc or metadata_only):
-        writes = tuple(
-            (i, a.name)
-            for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
-        )
-        fresh = tuple(i for i, r in enumerate(schema.returns) if r.alias_info is None)
-    return _OpInfo(name, alloc, writes, fresh, len(schema.returns))
-
-
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                yield item
-
-
-def _written_tensors(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
-    for pos, name in info.writes:
-        value = args[pos] if pos < len(args) else kwargs.get(name)
-        yield from _tensors_in(value)
-
-
-def _storage_ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _input_storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
-    ptrs = {_storage_ptr(t) for a in args for t in _tensors_in(a)}
-    ptrs.update(_storage_ptr(t) for v in kwargs.values() for t in _tensors_in(v))
-    return ptrs
-
-
-def _fresh_outputs(
-    info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
-) -> list[tuple[int, int, torch.Tensor]]:
-    """The new tensors an op returned, as (return index, list index or -1, tensor).
-
-    A return without alias annotation can still share its input's memory (``_unsafe_view``
-    does): such outputs are views in fact, so they are left out by comparing storages.
-    """
-    if not info.fresh:
-        return []
-    items = (out,) if info.num_returns == 1 else out
-    found: list[tuple[int, int, torch.Tensor]] = []
-    for i in info.fresh:
-        value = items[i]
-        if isinstance(value, torch.Tensor):
-            found.append((i, -1, value))
-        elif isinstance(value, (list, tuple)):
-            found.extend((i, j, v) for j, v in enumerate(value) if isinstance(v, torch.Tensor))
-    if not found:
-        return found
-    inputs = _input_storages(args, kwargs)
-    inputs.discard(0)  # zero-size storages have no address to share
-    return [f for f in found if _storage_ptr(f[2]) not in inputs]
-
-
-def _does_work(info: _OpInfo, fresh: list[tuple[int, int, torch.Tensor]]) -> bool:
-    """Whether the op is counted in ``ops_per_segment``: it writes memory or makes new data."""
-    return bool(info.writes) or bool(fresh)
-
-
-# -- host syncs --------------------------------------------------------------------------------
-
-_FIX_SCALAR = (
-    "`.item()` / `bool(tensor)` / printing a tensor needs the value on the host, which a CUDA "
-    "graph cannot do during capture; keep values on the device (use torch.where / masking) "
-    "or compute them before capture"
-)
-_FIX_SHAPE = (
-    "its output shape depends on tensor values, so the host must read them back from the device, which a CUDA "
-    "graph cannot do during capture; use fixed-shape ops (torch.where, multiply by a mask, pass output_size=) "
-    "or compute it before capture"
-)
-_FIX_COPY = (
-    "copying between host and device makes the host wait, which a CUDA graph cannot do during "
-    "capture; copy inputs into static device buffers before replay and read outputs after it"
-)
-_SCALAR_SYNC_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "allclose"})
-_SHAPE_SYNC_OPS = frozenset(
-    {
-        "nonzero", "nonzero_numpy", "argwhere", "masked_select", "bincount",
-        "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
-    }
-)
-_COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})
-
-
-def _host_sync_error(what: str, fix: str) -> CaptureError:
-    return CaptureError(f"host sync during graph capture ({what}): {fix}")
-
-
-def _is_mask(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
-
-
-def _check_host_sync(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise CaptureError, before the op runs, if it would make the host wait for the device."""
-    name = info.name
-    if name in _SCALAR_SYNC_OPS:
-        raise _host_sync_error(f"aten.{name}", _FIX_SCALAR)
-    if name in _SHAPE_SYNC_OPS:
-        raise _host_sync_error(f"aten.{name}", _FIX_SHAPE)
-    if name == "repeat_interleave" and kwargs.get("output_size") is None:
-        raise _host_sync_error("repeat_interleave without output_size", _FIX_SHAPE)
-    if name == "index" and any(_is_mask(i) for i in args[1]):
-        raise _host_sync_error("indexing with a boolean mask", _FIX_SHAPE)
-    if name in ("index_put", "index_put_", "_index_put_impl_") and _mask_put_syncs(args, kwargs):
-        raise _host_sync_error("assigning through a boolean mask", _FIX_SHAPE)
-    if name in _COPY_OPS:
-        _check_copy(name, args, kwargs)
-
-
-def _mask_put_syncs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    indices = [i for i in args[1] if i is not None]
-    if not any(_is_mask(i) for i in indices):
-        return False
-    # torch turns `x[mask] = scalar` into masked_fill_ (no sync); any other mask put needs
-    # nonzero() on the device first.
-    values = args[2]
-    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    scalar_fill = (
-        len(indices) == 1
-        and indices[0].device == args[0].device
-        and values.numel() == 1
-        and values.device.type == "cpu"
-    )
-    return bool(accumulate) or not scalar_fill
-
-
-def _check_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    # 0-dim CPU tensors are Python scalars in disguise (torch passes them by value): skip them.
-    devices = {t.device for a in args for t in _tensors_in(a) if not (t.device.type == "cpu" and t.dim() == 0)}
-    target = kwargs.get("device")
-    if target is not None:
-        devices.add(torch.device(target))
-    kinds = {d.type for d in devices}
-    if "cpu" in kinds and len(kinds - {"cpu", "meta"}) > 0:
-        src, dst = sorted(str(d) for d in devices)[:2]
-        raise _host_sync_error(f"aten.{name} between {src} and {dst}", _FIX_COPY)
-
-
 # -- host reads that bypass the dispatcher -------------------------------------------------------
 
 # Printing (torch disables dispatch modes while formatting), tolist() and numpy() read tensor
@@ -424,41 +235,6 @@ def _host_read_guard() -> Iterator[None]:
                         delattr(torch.Tensor, name)  # it was inherited from TensorBase
                     else:
                         setattr(torch.Tensor, name, saved)
-
-
-# --------------------------------------------------------------------------------------------
-# The driver
-# --------------------------------------------------------------------------------------------
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops that do work (write memory or make new data: a kernel each on a GPU)
-    while ``active``. Views and bare allocations launch nothing and are not counted. One rule for
-    every backend, so "ops per segment" and "launches per step" mean the same everywhere.
-
-    ``check_host_syncs=True`` also stops host syncs before CUDA sees them: an error raised here
-    leaves a CUDA capture valid, so it can be closed cleanly.
-    """
-
-    def __init__(self, check_host_syncs: bool = False, active: bool = True) -> None:
-        super().__init__()
-        self.check_host_syncs = check_host_syncs
-        self.active = active
-        self.count = 0
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if not self.active:
-            return func(*args, **kwargs)
-        info = _op_info(func)
-        if self.check_host_syncs:
-            _check_host_sync(info, args, kwargs)
-        out = func(*args, **kwargs)
-        if not info.alloc and _does_work(info, _fresh_outputs(info, args, kwargs, out)):
-            self.count += 1
-        return out
 
 
 class CaptureSession(ABC):
