@@ -39,7 +39,6 @@ def describe_environment(device: str = "cpu") -> str:
     """Versions and the graph backend a notebook runs on, one per line."""
     import platform
 
-    import ipywidgets
     import matplotlib
 
     from cglab import __version__
@@ -47,9 +46,15 @@ def describe_environment(device: str = "cpu") -> str:
 
     backend = get_backend("auto", device)
     cuda = torch.version.cuda or "none (CPU build)"
+    try:  # a plain PyTorch install (a GPU box's, say) may lack it; only the widget cells need it
+        import ipywidgets
+
+        widgets = ipywidgets.__version__
+    except ImportError:
+        widgets = "not installed (widgets off)"
     lines = [
         f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})",
-        f"matplotlib {matplotlib.__version__}, ipywidgets {ipywidgets.__version__}",
+        f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}",
         f"device: {device}; graph backend: {backend.name} = {backend.label}",
     ]
     return "\n".join(lines)

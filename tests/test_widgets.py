@@ -6,7 +6,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import ipywidgets  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -122,6 +121,7 @@ def test_latency_explorer_filters_modes_and_batches(bench_result):
 
 
 def test_interactive_wrappers_build_widgets(bench_result):
+    ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
     for widget in (interactive_decode_explorer(), interactive_divergence_explorer(),
                    interactive_latency_explorer(bench_result)):
         assert isinstance(widget, ipywidgets.VBox)
