@@ -111,7 +111,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     group_done = np.zeros(num_slots, dtype=bool)  # the slot's compressor group is complete
     for i, r in enumerate(requests):
         for pos in range(len(r.block_ids) * bs):
-            slot = r.block_ids[pos // bs] * bs + pos % bs
+            slot = r.slot(pos, bs)
             owner[slot] = i
             stored[slot] = pos < r.num_computed_tokens
             group_done[slot] = (pos // ratio + 1) * ratio <= r.num_computed_tokens

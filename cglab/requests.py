@@ -37,3 +37,7 @@ class RequestState:
     req_id: str
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+
+    def slot(self, position: int, block_size: int) -> int:
+        """The cache slot of the token at ``position``: its block, then its offset in the block."""
+        return self.block_ids[position // block_size] * block_size + position % block_size

@@ -194,7 +194,7 @@ class ModelRunner:
                                          self.input_buffers, num_tokens_padded, num_reqs_padded)
         block_table = self.block_tables.write_block_tables([r.block_ids for r in reqs], num_reqs_padded)
         bs = self.config.block_size
-        slots = [r.block_ids[p // bs] * bs + p % bs
+        slots = [r.slot(p, bs)
                  for r, q, s in zip(reqs, query_lens, seq_lens) for p in range(s - q, s)]
         slot_mapping = self.block_tables.write_slot_mappings(slots, num_tokens_padded)
         attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, self.attn_groups, for_capture=False)

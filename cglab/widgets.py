@@ -45,7 +45,7 @@ def decode_scenario(runner: ModelRunner, steps: int,
 def last_written_slots(runner: ModelRunner) -> list[int]:
     """The cache slot of every request's latest token."""
     bs = runner.config.block_size
-    return [r.block_ids[(r.num_computed_tokens - 1) // bs] * bs + (r.num_computed_tokens - 1) % bs
+    return [r.slot(r.num_computed_tokens - 1, bs)
             for r in runner.requests.values()]
 
 
