@@ -3,8 +3,10 @@
 Two versions of ``prepare_inputs_to_capture`` live here side by side, because the difference
 between them *is* the bug this suite teaches:
 
-* ``prepare_inputs_to_capture_legacy(..., skip_attn)``: before vLLM PR #49364. PIECEWISE capture
-  skipped metadata (``attn_metadata = None``), reasoning that attention is not captured there.
+* ``prepare_inputs_to_capture_legacy(..., skip_attn)``: before vLLM PR #49364. *Compiled* PIECEWISE
+  capture skipped metadata (``skip_attn = PIECEWISE and not use_breakable_cg``, so
+  ``attn_metadata = None``), reasoning that attention is not captured there; breakable PIECEWISE and
+  FULL got capture metadata (``for_capture=True``).
 * ``prepare_inputs_to_capture(..., full_cudagraph)``: after the fix. Metadata is always built, with
   ``for_capture=full_cudagraph``.
 """
@@ -20,6 +22,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import BlockTables, InputBuffers
+from cglab.compilation import CglabBackend, cudagraph_capturing_enabled
 from cglab.config import CUDAGraphMode
 from cglab.errors import AddressChangedError, CaptureError
 from cglab.graphs import CapturedGraph, GraphBackend
@@ -54,9 +57,10 @@ def prepare_inputs_to_capture_legacy(num_reqs: int, num_tokens: int, input_buffe
                                      skip_attn: bool) -> tuple[dict[str, Any] | None, torch.Tensor]:
     """The version *before* the fix, kept to reproduce the bug. Do not use it for anything else.
 
-    With ``skip_attn=True`` (what PIECEWISE capture passed) no metadata is built. Attention does not
-    care: it runs eagerly at replay and reads live metadata. But guarded in-graph layers see ``None``,
-    take their profiling branch, and the graph records a no-op.
+    With ``skip_attn=True`` (what compiled PIECEWISE capture passed) no metadata is built. Attention
+    does not care: it is a splitting op, runs eagerly at replay and reads live metadata. But guarded
+    ops inside the pieces see ``None``, take their profiling branch, and the piece records a no-op.
+    Otherwise (FULL, breakable PIECEWISE) metadata is built capture-safe, ``for_capture=True``.
     """
     input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
     attn_metadata = None
@@ -83,10 +87,15 @@ def graph_reads(attn_metadata: Mapping[str, Any] | None, **buffers: torch.Tensor
 @dataclass
 class CaptureForward:
     """A forward over one descriptor's dummy batch, run as ``forward(cg_mode)``, plus what it reads
-    from outside the graph (see ``graph_reads``), so the manager can check those addresses at replay."""
+    from outside the graph (see ``graph_reads``), so the manager can check those addresses at replay.
+
+    ``call`` runs the model on the same input buffers under whatever forward context is set: a
+    compiled PIECEWISE replay is exactly that, with the live context of the step.
+    """
 
     run: Callable[[CUDAGraphMode], torch.Tensor]
     reads: dict[str, torch.Tensor]
+    call: Callable[[], torch.Tensor]
 
     def __call__(self, cg_mode: CUDAGraphMode) -> torch.Tensor:
         return self.run(cg_mode)
@@ -122,14 +131,21 @@ class CapturedEntry:
 class CudaGraphManager:
     """Captures one graph per descriptor in one memory pool, and replays them.
 
-    ``check_addresses=True`` is vLLM's debug check: before each replay, every tensor the graph read
-    at capture must still live where it lived then. Cheap, but not free, hence off by default on CUDA.
+    With ``compiled`` (the torch.compile backend of a compiled model), PIECEWISE descriptors are
+    captured piece by piece by that backend's wrappers (``CUDAGraphWrapper``); without it, PIECEWISE capture
+    is breakable (one capture, split at the eager breaks). FULL is always one graph over the forward.
+
+    ``check_addresses=True`` is a debug check: before each replay, every tensor the graph read at
+    capture, metadata included, must still live where it lived then. Cheap, but not free, hence off
+    by default on CUDA.
     """
 
-    def __init__(self, backend: GraphBackend, dispatcher: CudagraphDispatcher, check_addresses: bool = False) -> None:
+    def __init__(self, backend: GraphBackend, dispatcher: CudagraphDispatcher, check_addresses: bool = False,
+                 compiled: CglabBackend | None = None) -> None:
         self.backend = backend
         self.dispatcher = dispatcher
         self.check_addresses = check_addresses
+        self.compiled = compiled
         self.graphs: dict[BatchExecutionDescriptor, CapturedEntry] = {}
         self._released = False
 
@@ -137,17 +153,33 @@ class CudaGraphManager:
                 progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
         for desc in self.dispatcher.capture_descriptors():  # PIECEWISE first, then FULL; largest first
             try:
-                with self.backend.warmup_context():
-                    create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
-                forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
-                graph, output = self.backend.capture(lambda: forward_fn(desc.cg_mode),
-                                                     breakable=desc.cg_mode is CUDAGraphMode.PIECEWISE)
+                if desc.cg_mode is CUDAGraphMode.PIECEWISE and self.compiled is not None:
+                    forward_fn, graph, output = self._capture_compiled_piecewise(desc, create_forward_fn)
+                else:
+                    with self.backend.warmup_context():
+                        create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
+                    forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
+                    graph, output = self.backend.capture(lambda: forward_fn(desc.cg_mode),
+                                                         breakable=desc.cg_mode is CUDAGraphMode.PIECEWISE)
             except CaptureError as exc:  # same type, so callers can still tell the rules apart
                 raise type(exc)(f"capturing the {desc} graph failed: {exc}") from exc
             addresses = {name: _address(t) for name, t in forward_fn.reads.items() if t.numel()}
             self.graphs[desc] = CapturedEntry(graph, output, forward_fn, addresses)
             if progress is not None:
                 progress(desc)
+
+    def _capture_compiled_piecewise(self, desc: BatchExecutionDescriptor, create_forward_fn: ForwardFnFactory
+                                    ) -> tuple[CaptureForward, CapturedGraph, torch.Tensor]:
+        """Warm up, then run the compiled forward in PIECEWISE mode: each piece's wrapper captures its
+        graph, and the splitting ops between them run for real, on the dummy batch. One forward (one
+        set of metadata) serves both runs, as in vLLM."""
+        assert self.compiled is not None
+        forward_fn = create_forward_fn(desc, warmup=False)
+        with self.backend.warmup_context():
+            forward_fn(CUDAGraphMode.NONE)
+            with cudagraph_capturing_enabled():
+                output = forward_fn(CUDAGraphMode.PIECEWISE)
+        return forward_fn, self.compiled.piecewise_graph(desc, forward_fn.call, output), output
 
     def replay(self, desc: BatchExecutionDescriptor, reads: Mapping[str, torch.Tensor] | None = None,
                source: Callable[[str], str] = lambda name: "") -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import torch
 
+from cglab.config import OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
 from cglab.errors import CglabError
 
 
@@ -33,31 +34,42 @@ def int_list(text: str) -> list[int]:
 
 def _add_repro(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence")
-    p.add_argument("--mode", choices=["none", "piecewise", "full"], default="piecewise")
+    p.add_argument("--mode", choices=[m.value for m in CUDAGraphMode], default="piecewise")
+    p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS), default="compiled",
+                   help="compiled: torch.compile split at --splitting-ops (vLLM's default); breakable: one capture "
+                        "split at the eager breaks")
+    p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: the attention op); "
+                                           f"from {', '.join(OP_OF_KIND.values())}")
     p.add_argument("--legacy-skip-attn", action="store_true",
                    help="capture with the code from before vLLM PR #49364 (the bug)")
     p.add_argument("--layers", default="sconv,attn,compressor,attn", help="layer pattern, e.g. sconv,attn")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
+    p.add_argument("--strict-attention", action="store_true",
+                   help="an FA3-like attention kernel that refuses the dummy capture batch")
     p.add_argument("--capture-sizes", type=int_list, default=[1, 2, 4, 8])
     p.add_argument("--batch-sizes", type=int_list, default=[3, 1, 8], help="decode batch sizes, cycled")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--check", action="store_true", help="exit 1 if replay diverged from eager or an error occurred")
     p.set_defaults(func=_run_repro)
 
 
 def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
 
-    result = run_repro(args.mode, legacy_skip_attn=args.legacy_skip_attn, layers=args.layers,
-                       strict_layers=args.strict_layers, capture_sizes=args.capture_sizes,
+    result = run_repro(args.mode, legacy_skip_attn=args.legacy_skip_attn, piecewise_flavor=args.piecewise_flavor,
+                       splitting_ops=args.splitting_ops, layers=args.layers, strict_layers=args.strict_layers,
+                       strict_attention=args.strict_attention, capture_sizes=args.capture_sizes,
                        batch_sizes=args.batch_sizes, steps=args.steps, seed=args.seed, device=args.device)
+    status = 1 if args.check and (result.diverged or result.error) else 0
     if args.json:
         print(json.dumps(result.to_json()))
-        return 0
+        return status
     legacy = " with the legacy skip_attn path" if result.legacy_skip_attn else ""
-    print(f"mode {result.mode.upper()}{legacy}, layers {result.layers}, backend {result.backend}")
+    flavor = f" ({result.piecewise_flavor})" if "piecewise" in result.mode else ""
+    print(f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}, backend {result.backend}")
     if result.backend == "sim":
         print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
     print(f"  captured sizes: {result.captured_sizes or 'none'}")
@@ -67,7 +79,7 @@ def _run_repro(args: argparse.Namespace) -> int:
         verdict = "DIVERGED from eager" if result.diverged else "matches eager"
         print(f"  {result.steps} decode steps: max |replay - eager| = {result.max_abs_diff:.3g}, "
               f"caches diverged: {result.state_diverged} -> {verdict}")
-    return 0
+    return status
 
 
 def _mode_list(text: str) -> list[str]:

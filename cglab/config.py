@@ -75,6 +75,50 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
     return kinds
 
 
+PIECEWISE_FLAVORS = ("compiled", "breakable")
+# The custom op each layer kind's kernel is; the names a ``splitting_ops`` list may use.
+OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor"}
+
+
+def parse_piecewise_flavor(value: object) -> str:
+    """``"compiled"`` (torch.compile split at ``splitting_ops``, vLLM's default) or ``"breakable"``."""
+    if isinstance(value, str) and value.strip().lower() in PIECEWISE_FLAVORS:
+        return value.strip().lower()
+    raise ConfigError(f"unknown PIECEWISE flavor {value!r}; choose 'compiled' (torch.compile, split at "
+                      "splitting_ops) or 'breakable' (one capture, split at the eager breaks)")
+
+
+def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor: str = "compiled") -> tuple[str, ...]:
+    """The ops compiled PIECEWISE splits at. ``None``: attention, as vLLM's default (if the model has any).
+
+    An explicit list must name ops of this model's layers, and at least one: with none, attention
+    would be frozen inside a piece (for one graph over everything, use mode 'full').
+    """
+    in_model = [OP_OF_KIND[k] for k in dict.fromkeys(layers)]
+    if splitting_ops is not None and flavor == "breakable":
+        raise ConfigError("splitting_ops applies to piecewise_flavor='compiled'; breakable graphs split where "
+                          "the eager-break functions are called (attention)")
+    if splitting_ops is None:
+        return tuple(op for op in in_model if op == OP_OF_KIND["attn"])
+    parts = splitting_ops.split(",") if isinstance(splitting_ops, str) else splitting_ops
+    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
+        raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
+                          f"got {splitting_ops!r}")
+    ops = tuple(dict.fromkeys(p.strip() for p in parts if p.strip()))
+    if not ops:
+        raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at "
+                          f"(this model has {', '.join(in_model)}); for one graph over the whole forward use mode 'full'")
+    unknown = [op for op in ops if op not in OP_OF_KIND.values()]
+    if unknown:
+        raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "
+                          f"valid names: {', '.join(OP_OF_KIND.values())}")
+    absent = [op for op in ops if op not in in_model]
+    if absent:
+        raise ConfigError(f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
+                          f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op")
+    return ops
+
+
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     """vLLM's default ladder (1, 2, 4, then steps of 8 to 256, then steps of 16), cut at ``max_size``."""
     sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 1025, 16)]
@@ -115,6 +159,7 @@ class ToyConfig:
     sconv_kernel_size: int = 4  # taps of the short convolution, the current token included
     compress_ratio: int = 4  # the compressor emits one entry every `compress_ratio` tokens
     strict_layers: bool = False  # stateful layers without the `metadata is None` guard
+    strict_attention: bool = False  # an FA3-like attention kernel that refuses the dummy capture batch
     dtype: str = "float32"
     seed: int = 0
     layer_names: tuple[str, ...] = field(init=False, repr=False)
@@ -131,8 +176,9 @@ class ToyConfig:
                 f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
                 "so that a compressed group never straddles two blocks")
         check_seed(self.seed)
-        if not isinstance(self.strict_layers, bool):
-            raise ConfigError(f"strict_layers must be True or False, got {self.strict_layers!r}")
+        for name in ("strict_layers", "strict_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
         if not isinstance(self.capture_sizes, (list, tuple)):

@@ -88,6 +88,7 @@ class AttentionMetadata:
     num_actual_tokens: int
     max_query_len: int
     max_seq_len: int  # the width of the key range the kernel reads
+    for_capture: bool = False  # capture-safe metadata, built for the dummy capture batch
 
 
 class AttentionMetadataBuilder:
@@ -102,7 +103,7 @@ class AttentionMetadataBuilder:
         max_seq_len = self.max_model_len if for_capture else common.max_seq_len
         return AttentionMetadata(common.query_start_loc, common.seq_lens, common.block_table_tensor,
                                  common.slot_mapping, common.num_reqs, common.num_actual_tokens,
-                                 common.max_query_len, max_seq_len)
+                                 common.max_query_len, max_seq_len, for_capture)
 
 
 # ---------------------------------------------------------------- short convolution

@@ -11,7 +11,15 @@ from typing import Any
 
 import torch
 
-from cglab.config import CUDAGraphMode, ToyConfig, check_positive_int, check_seed, parse_layer_pattern
+from cglab.config import (
+    CUDAGraphMode,
+    ToyConfig,
+    check_positive_int,
+    check_seed,
+    parse_layer_pattern,
+    parse_piecewise_flavor,
+    resolve_splitting_ops,
+)
 from cglab.errors import CglabError, ConfigError
 from cglab.runner import ModelRunner, state_differences
 
@@ -27,6 +35,7 @@ _DERIVED_FIELDS = frozenset({"layers", "capture_sizes", "max_num_reqs", "max_mod
 @dataclass
 class ReproResult:
     mode: str
+    piecewise_flavor: str
     legacy_skip_attn: bool
     layers: str
     backend: str
@@ -43,7 +52,7 @@ class ReproResult:
 
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's keys, in its order."""
-        keys = ("mode", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff",
+        keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff",
                 "state_diverged", "error")
         data = asdict(self)
         return {k: data[k] for k in keys}
@@ -123,19 +132,26 @@ def make_workload(config: ToyConfig, num_steps_tokens: int) -> tuple[list[list[i
 
 
 def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool = False,
+              piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
               layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
               capture_sizes: Sequence[int] = (1, 2, 4, 8), batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
               seed: int = 0, device: str = "cpu", **config_overrides: Any) -> ReproResult:
     """Prefill a pool of requests eagerly, then run ``steps`` decode steps; step ``i`` runs the first
     ``batch_sizes[i % len(batch_sizes)]`` requests. Compare every step's logits and, at the end, every
-    cache with an eager reference built from the same config."""
+    cache with an eager reference built from the same config.
+
+    ``piecewise_flavor`` and ``splitting_ops`` are ``ModelRunner``'s; ``config_overrides`` go to
+    ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
     cg_mode = CUDAGraphMode.parse(mode)
+    flavor = parse_piecewise_flavor(piecewise_flavor)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, **config_overrides)
-    result = ReproResult(cg_mode.value, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, None, None, None,
-                         tolerance=tolerance(config.dtype))
+    resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before the reference is built
+    result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, None,
+                         None, None, tolerance=tolerance(config.dtype))
     reference = ModelRunner(config, "none", device=device)
     try:
-        runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn)
+        runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn,
+                             piecewise_flavor=flavor, splitting_ops=splitting_ops)
     except CglabError as exc:  # a strict layer refusing to capture is a finding, not a crash
         result.error = f"{type(exc).__name__}: {exc}"
         if cg_mode is not CUDAGraphMode.NONE:

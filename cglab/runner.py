@@ -23,7 +23,8 @@ from cglab.capture import (
     prepare_inputs_to_capture,
     prepare_inputs_to_capture_legacy,
 )
-from cglab.config import CUDAGraphMode, ToyConfig
+from cglab.compilation import CglabBackend, CompiledModel
+from cglab.config import CUDAGraphMode, ToyConfig, parse_piecewise_flavor, resolve_splitting_ops
 from cglab.errors import CapacityError, ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import get_backend
@@ -72,10 +73,19 @@ class ModelRunner:
 
     def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
                  device: str | torch.device = "cpu", backend: str = "auto", legacy_skip_attn: bool = False,
+                 piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
+                 compile_backend: str = "auto",
                  builders: dict[str, MetadataBuilder] | None = None,
                  progress: Callable[[BatchExecutionDescriptor], None] | None = None,
                  check_addresses: bool | None = None) -> None:
         """``legacy_skip_attn=True`` captures with the code from before vLLM PR #49364 (the bug).
+
+        ``piecewise_flavor``: ``"compiled"`` (vLLM's default) runs the model through torch.compile,
+        split at ``splitting_ops`` (default: the attention op), with one graph per piece;
+        ``"breakable"`` (vLLM's ``use_breakable_cg``) captures the plain model in one breakable capture.
+        With the compiled flavor FULL graphs are captured from the compiled model too.
+        ``compile_backend``: how compiled pieces are compiled, ``"inductor"`` or ``"eager"`` (the FX
+        piece as it is); ``"auto"`` is inductor on CUDA, eager on the CPU (no C++ toolchain needed).
 
         ``check_addresses``: before every replay, check that each tensor the graph read at capture
         was written in place, not replaced (``AddressChangedError``). ``None``: on for the simulator,
@@ -89,11 +99,18 @@ class ModelRunner:
         if not isinstance(check_addresses, (bool, type(None))):
             raise ConfigError(f"check_addresses must be True, False or None (the backend's default), "
                               f"got {check_addresses!r}")
+        if compile_backend not in ("auto", "eager", "inductor"):
+            raise ConfigError(f"unknown compile_backend {compile_backend!r}; use 'auto', 'eager' or 'inductor'")
         self.config = config
         self.device = resolve_device(device)
         self.cudagraph_mode = CUDAGraphMode.parse(cudagraph_mode)
         self.legacy_skip_attn = legacy_skip_attn
+        self.piecewise_flavor = parse_piecewise_flavor(piecewise_flavor)
+        self.use_breakable_cg = self.piecewise_flavor == "breakable"
+        self.splitting_ops = resolve_splitting_ops(splitting_ops, config.layers, self.piecewise_flavor)
         self.model = ToyTransformer(config, self.device)
+        # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
+        self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
         self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device)
         self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
                                         config.max_num_tokens, self.device)
@@ -108,7 +125,15 @@ class ModelRunner:
             graph_backend = get_backend(backend, self.device)
             if check_addresses is None:
                 check_addresses = graph_backend.name == "sim"
-            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, check_addresses)
+            compiled = None
+            if not self.use_breakable_cg:
+                if compile_backend == "auto":
+                    compile_backend = "inductor" if self.device.type == "cuda" else "eager"
+                piecewise = CUDAGraphMode.PIECEWISE in self.cudagraph_mode.runtime_modes()
+                compiled = CglabBackend(graph_backend, self.splitting_ops, piecewise=piecewise,
+                                        compiler=compile_backend, check_addresses=check_addresses)
+                self.forward_model = CompiledModel(self.model, compiled)
+            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, check_addresses, compiled)
             with torch.inference_mode():
                 self.cudagraph_manager.capture(self.create_forward_fn, progress)
 
@@ -122,19 +147,25 @@ class ModelRunner:
         num_tokens = desc.num_tokens
         num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
         args = (num_reqs, num_tokens, self.input_buffers, self.block_tables, self.attn_groups)
-        if self.legacy_skip_attn:  # the old, buggy path: PIECEWISE capture built no metadata
+        piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
+        if self.legacy_skip_attn:  # the old, buggy path: compiled PIECEWISE capture built no metadata
             attn_metadata, _ = prepare_inputs_to_capture_legacy(
-                *args, skip_attn=desc.cg_mode is CUDAGraphMode.PIECEWISE)
+                *args, skip_attn=piecewise and not self.use_breakable_cg)
+            if piecewise:  # the assert that stood in vLLM's capture code before the fix
+                assert (attn_metadata is not None) == self.use_breakable_cg
         else:
             attn_metadata, _ = prepare_inputs_to_capture(*args, full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)
         input_ids = self.input_buffers.input_ids[:num_tokens]
         positions = self.input_buffers.positions[:num_tokens]
 
+        def call() -> torch.Tensor:
+            return self.forward_model(input_ids, positions)
+
         def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
             with set_forward_context(attn_metadata, cg_mode, desc):
-                return self.model(input_ids, positions)
+                return call()
 
-        return CaptureForward(forward, self._graph_reads(attn_metadata, input_ids, positions))
+        return CaptureForward(forward, self._graph_reads(attn_metadata, input_ids, positions), call)
 
     def _graph_reads(self, attn_metadata: dict[str, Any] | None, input_ids: torch.Tensor,
                      positions: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -206,7 +237,7 @@ class ModelRunner:
         desc = prepared.descriptor
         with torch.inference_mode(), set_forward_context(prepared.attn_metadata, desc.cg_mode, desc):
             if desc.cg_mode is CUDAGraphMode.NONE:
-                return self.model(prepared.input_batch.input_ids, prepared.input_batch.positions)
+                return self.forward_model(prepared.input_batch.input_ids, prepared.input_batch.positions)
             manager = self.cudagraph_manager
             assert manager is not None
             reads = None

@@ -8,7 +8,7 @@ import pytest
 
 from cglab.cli import main
 
-KEYS = ["mode", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff", "state_diverged",
+KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff", "state_diverged",
         "error"]
 
 

@@ -159,9 +159,13 @@ def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytes
         return forward(self, hidden)
 
     monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", syncing_forward)
-    fix = _message(lambda: ModelRunner(CONFIG, "piecewise"), CaptureError)
+    fix = _message(lambda: ModelRunner(CONFIG, "piecewise", piecewise_flavor="breakable"), CaptureError)
     assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: host sync during graph capture")
     assert "use torch.where" in fix
+    # Compiled, the same line cannot even be traced: dynamo refuses it before any graph is captured.
+    fix = _message(lambda: ModelRunner(CONFIG, "piecewise"), CaptureError)
+    assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: torch.compile could not trace")
+    assert "piecewise_flavor='breakable'" in fix
 
 
 def test_missing_metadata_in_a_strict_layer_names_the_fix() -> None:

@@ -1,6 +1,10 @@
 """The aten op rules both graph backends obey: what an op does to memory, which ops need the host
 (and so cannot be captured), and which ops count as work (a kernel each on a GPU).
 
+cglab's custom ops (``cglab::short_conv``...) are not ops of their own here: a dispatch mode runs
+their Python body instead (``inline_custom_op``), so their kernels are recorded and counted one by
+one, exactly as a GPU graph records the kernels a custom op launches.
+
 Read from each op's schema once and cached, so the recording and counting modes stay cheap.
 """
 
@@ -13,7 +17,18 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cglab.custom_ops import custom_op_impl
 from cglab.errors import CaptureError
+
+
+def inline_custom_op(mode: TorchDispatchMode, func: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """Run a cglab custom op's body with ``mode`` active again; ``(False, None)`` for any other op."""
+    impl = custom_op_impl(func)
+    if impl is None:
+        return False, None
+    with mode:  # torch pops the mode while it handles an op: push it back for the body's kernels
+        return True, impl(*args, **kwargs)
 
 
 # Allocation-only ops: no kernel runs, so at replay there is nothing to do (the memory simply
@@ -221,6 +236,9 @@ class OpCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         if not self.active:
             return func(*args, **kwargs)
+        inlined, out = inline_custom_op(self, func, args, kwargs)
+        if inlined:
+            return out
         info = _op_info(func)
         if self.check_host_syncs:
             _check_host_sync(info, args, kwargs)

@@ -27,6 +27,7 @@ from cglab.graphs.ops import (
     _storage_ptr,
     _tensors_in,
     _written_tensors,
+    inline_custom_op,
 )
 
 __all__ = ["SIMULATOR_LABEL", "SimBackend", "SimSegment"]
@@ -204,6 +205,9 @@ class _RecordingMode(TorchDispatchMode):
         recorder = self.recorder
         if recorder is None:
             return func(*args, **kwargs)
+        inlined, out = inline_custom_op(self, func, args, kwargs)
+        if inlined:
+            return out
         return recorder.record(func, args, kwargs)
 
 

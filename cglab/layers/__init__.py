@@ -1,8 +1,9 @@
-"""The toy model's token mixers: paged attention (the eager break) and two attention-like stateful
-layers that run inside graph segments and read attention metadata."""
+"""The toy model's token mixers: paged attention (the splitting op, or eager break) and two
+attention-like stateful layers that run inside graph pieces and read attention metadata. Each one's
+kernel is a torch custom op (``cglab::unified_attention``, ``cglab::short_conv``, ``cglab::compressor``)."""
 
 from cglab.layers.attention import Attention, unified_attention
-from cglab.layers.compressor import Compressor
-from cglab.layers.sconv import ShortConv
+from cglab.layers.compressor import Compressor, compressor
+from cglab.layers.sconv import ShortConv, short_conv
 
-__all__ = ["Attention", "Compressor", "ShortConv", "unified_attention"]
+__all__ = ["Attention", "Compressor", "ShortConv", "compressor", "short_conv", "unified_attention"]

@@ -1,7 +1,9 @@
-"""Paged attention. Its kernel is the eager break of a PIECEWISE graph.
+"""Paged attention, as the custom op ``cglab::unified_attention``: the op PIECEWISE graphs split at.
 
 vLLM: ``vllm/attention/layer.py`` (``unified_attention`` is the op torch.compile splits at) and the
-breakable-graph decorator in ``vllm/compilation/breakable_cudagraph.py``.
+breakable-graph decorator in ``vllm/compilation/breakable_cudagraph.py``. Under compiled PIECEWISE
+the backend cuts the FX graph around this op; under breakable PIECEWISE its body ends the current
+graph segment. Either way it runs eagerly at every step and reads the live metadata.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
+from cglab.custom_ops import direct_register_custom_op
+from cglab.errors import CaptureError
 from cglab.forward_context import get_forward_context
 from cglab.graphs import eager_break_during_capture
 from cglab.metadata import AttentionMetadata, slots_at, token_requests_and_positions
@@ -18,8 +22,8 @@ _MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over 
 
 
 @eager_break_during_capture
-def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
-                      kv_cache: torch.Tensor, layer_name: str) -> None:
+def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
+                       kv_cache: torch.Tensor, layer_name: str, strict: bool = False) -> None:
     """Store this step's keys and values at ``slot_mapping``, then attend over each token's history.
 
     Writes into ``output`` and returns nothing: under PIECEWISE this function runs eagerly at every
@@ -32,6 +36,8 @@ def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         output.zero_()
         return
     md: AttentionMetadata = metadata[layer_name]
+    if strict:
+        _refuse_dummy_batch(md, layer_name)
     num_tokens, num_heads, head_dim = query.shape
     block_size = kv_cache.shape[2]
     k_cache, v_cache = kv_cache[0].flatten(0, 1), kv_cache[1].flatten(0, 1)  # [slots + 1, heads, dim]
@@ -50,6 +56,30 @@ def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     output.copy_(torch.einsum("thk,tkhd->thd", scores.softmax(-1), values))
 
 
+def _refuse_dummy_batch(md: AttentionMetadata, layer_name: str) -> None:
+    """The strict, FA3-like kernel: ordinary metadata must describe a real batch.
+
+    A fast kernel trusts its metadata: every real token row has a KV slot to write. The dummy capture
+    batch has none (its slot mapping is all PAD_SLOT_ID), and a kernel that indexes with -1 faults on a
+    GPU (vLLM's FlashAttention did, with an illegal address, once PR #49364 ran attention at compiled
+    PIECEWISE capture). Capture-safe metadata (``for_capture=True``) is built for the dummy batch and
+    passes. The check reads the host, so it runs only where attention runs eagerly.
+    """
+    if md.for_capture:
+        return
+    if bool((md.slot_mapping[: md.num_actual_tokens] < 0).any()):
+        raise CaptureError(
+            f"{layer_name}: the strict (FA3-like) attention kernel got ordinary metadata for a batch whose real "
+            "tokens have no KV slot (slot_mapping = PAD_SLOT_ID): the dummy capture batch. On a GPU this kernel "
+            "would write at slot -1 and fault with an illegal memory access. Capture PIECEWISE attention on its "
+            "profiling path, or give it capture-safe metadata (for_capture=True); the toy attention "
+            "(strict_attention=False) copes with the dummy batch")
+
+
+unified_attention = direct_register_custom_op("unified_attention", _unified_attention,
+                                              mutates_args=("output", "kv_cache"))
+
+
 class Attention(nn.Module):
     """Pre-norm attention block with a paged KV cache ``[2, num_blocks, block_size, heads, dim]``
     plus one spare block whose last row absorbs padded writes."""
@@ -57,6 +87,7 @@ class Attention(nn.Module):
     def __init__(self, config: ToyConfig, layer_name: str) -> None:
         super().__init__()
         self.layer_name = layer_name
+        self.strict = config.strict_attention
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.norm = nn.RMSNorm(config.hidden_size)
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
@@ -67,7 +98,7 @@ class Attention(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         out = torch.empty_like(q)
-        unified_attention(q, k, v, out, self.kv_cache, self.layer_name)
+        unified_attention(q, k, v, out, self.kv_cache, self.layer_name, self.strict)
         return hidden + self.o_proj(out.flatten(1))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

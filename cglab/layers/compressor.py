@@ -1,9 +1,10 @@
 """DeepSeek-V4-style KV compressor. It runs *inside* graph segments.
 
-vLLM: ``vllm/model_executor/models/deepseek_v4/compressor.py``.
+vLLM: ``vllm/models/deepseek_v4/compressor.py``.
 Every token saves a partial state at its slot (``slot_mapping``); the token that completes a group
 of ``ratio`` folds the group into one compressed entry. The layer then reads the compressed entries
-its sequence has so far (a pooled summary of the long context), which is what the model sees.
+its sequence has so far (a pooled summary of the long context), which is what the model sees. The
+state work is the custom op ``cglab::compressor``, opaque to torch.compile like ``short_conv``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,30 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
+from cglab.custom_ops import direct_register_custom_op
 from cglab.forward_context import layer_metadata
 from cglab.metadata import CompressorMetadata
+
+
+def _compressor(kv: torch.Tensor, output: torch.Tensor, state_cache: torch.Tensor, compressed_cache: torch.Tensor,
+                pool_logits: torch.Tensor, layer_name: str, strict: bool = False) -> None:
+    """Save each token's state, fold completed groups, and pool the entries each token may see."""
+    md: CompressorMetadata | None = layer_metadata(layer_name, strict)
+    if md is None:
+        # Meant for profiling runs: save nothing, see nothing. Captured this way, it saves nothing ever again.
+        output.zero_()
+        return
+    state_cache[md.slot_mapping] = kv
+    group = state_cache[md.group_slots]  # [tokens, ratio, hidden]
+    entry = (group * pool_logits.softmax(0)[:, None]).sum(1)
+    compressed_cache[md.compress_slots] = entry  # tokens that complete no group write the spare row
+    visible = md.visible_slots >= 0
+    seen = torch.where(visible[..., None], compressed_cache[md.visible_slots], 0)
+    output.copy_(seen.sum(1) / visible.sum(1, keepdim=True).clamp(min=1))
+
+
+compressor = direct_register_custom_op("compressor", _compressor,
+                                       mutates_args=("output", "state_cache", "compressed_cache"))
 
 
 class Compressor(nn.Module):
@@ -33,17 +56,9 @@ class Compressor(nn.Module):
         self.register_buffer("compressed_cache", torch.zeros(entries + 1, hidden), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        md: CompressorMetadata | None = layer_metadata(self.layer_name, self.strict)
-        if md is None:
-            # Meant for profiling runs: save nothing. Captured this way, it saves nothing ever again.
-            return hidden
-        self.state_cache[md.slot_mapping] = self.kv_proj(self.norm(hidden))
-        group = self.state_cache[md.group_slots]  # [tokens, ratio, hidden]
-        entry = (group * self.pool_logits.softmax(0)[:, None]).sum(1)
-        self.compressed_cache[md.compress_slots] = entry  # tokens that complete no group write the spare row
-        visible = md.visible_slots >= 0
-        seen = torch.where(visible[..., None], self.compressed_cache[md.visible_slots], 0)
-        pooled = seen.sum(1) / visible.sum(1, keepdim=True).clamp(min=1)
+        kv = self.kv_proj(self.norm(hidden))
+        pooled = torch.empty_like(kv)
+        compressor(kv, pooled, self.state_cache, self.compressed_cache, self.pool_logits, self.layer_name, self.strict)
         return hidden + self.out_proj(pooled)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

@@ -1,9 +1,11 @@
 """Inkling-style short convolution over a paged conv-state cache. It runs *inside* graph segments.
 
-vLLM: the Inkling model's short convolutions (``vllm/model_executor/models/inkling``).
+vLLM: the Inkling model's short convolutions (``vllm/models/inkling/...``).
 Each token's conv input is stored at its slot; the conv reads the previous ``kernel_size - 1``
 inputs of the same sequence through the block table. So it needs the slot mapping and the block
-table, just like attention, although it is not attention.
+table, just like attention, although it is not attention. The conv itself is the custom op
+``cglab::short_conv``: torch.compile sees one opaque call, so the metadata guard inside it is
+decided whenever the op runs, at capture too, never at tracing.
 """
 
 from __future__ import annotations
@@ -12,8 +14,27 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
+from cglab.custom_ops import direct_register_custom_op
 from cglab.forward_context import layer_metadata
 from cglab.metadata import ShortConvMetadata
+
+
+def _short_conv(x: torch.Tensor, output: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                layer_name: str, strict: bool = False) -> None:
+    """Store each token's input at its slot, then convolve it with the inputs before it."""
+    md: ShortConvMetadata | None = layer_metadata(layer_name, strict)
+    if md is None:
+        # Meant for profiling runs: return the input unchanged. Under the legacy skip_attn path it also
+        # runs at compiled PIECEWISE capture, so the piece records "copy the input" and replays that forever.
+        output.copy_(x)
+        return
+    conv_state[md.slot_mapping] = x  # write first: a prefill token's taps may be in this batch
+    taps = conv_state[md.tap_slots]  # [tokens, kernel_size - 1, hidden]
+    taps = torch.where(md.tap_slots[..., None] >= 0, taps, 0)  # before the sequence start: zero
+    output.copy_((taps * weight[:-1]).sum(1) + x * weight[-1])
+
+
+short_conv = direct_register_custom_op("short_conv", _short_conv, mutates_args=("output", "conv_state"))
 
 
 class ShortConv(nn.Module):
@@ -31,16 +52,9 @@ class ShortConv(nn.Module):
         self.register_buffer("conv_state", torch.zeros(config.num_slots + 1, hidden), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        md: ShortConvMetadata | None = layer_metadata(self.layer_name, self.strict)
-        if md is None:
-            # Meant for profiling runs. Under the legacy skip_attn path it also runs at PIECEWISE
-            # capture, so the graph records "return the input" and replays exactly that, forever.
-            return hidden
         x = self.in_proj(self.norm(hidden))
-        self.conv_state[md.slot_mapping] = x  # write first: a prefill token's taps may be in this batch
-        taps = self.conv_state[md.tap_slots]  # [tokens, kernel_size - 1, hidden]
-        taps = torch.where(md.tap_slots[..., None] >= 0, taps, 0)  # before the sequence start: zero
-        conv = (taps * self.conv_weight[:-1]).sum(1) + x * self.conv_weight[-1]
+        conv = torch.empty_like(x)
+        short_conv(x, conv, self.conv_state, self.conv_weight, self.layer_name, self.strict)
         return hidden + self.out_proj(nn.functional.silu(conv))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,14 @@
+"""Compiled PIECEWISE: torch.compile with a backend that splits the model at attention.
+
+vLLM: ``vllm/compilation/``. ``CompiledModel`` compiles once with a symbolic token count;
+``CglabBackend`` splits the FX graph at ``splitting_ops`` and wraps each piece in a
+``CUDAGraphWrapper``, which captures on first use for each batch descriptor and replays after.
+"""
+
+from cglab.compilation.backends import CglabBackend, PiecewiseGraph, SplitItem, split_graph
+from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
+from cglab.custom_ops import direct_register_custom_op, registered_op_names
+from cglab.compilation.decorators import CompiledModel
+
+__all__ = ["CUDAGraphWrapper", "CglabBackend", "CompiledModel", "PiecewiseGraph", "SplitItem",
+           "cudagraph_capturing_enabled", "direct_register_custom_op", "registered_op_names", "split_graph"]

@@ -1,0 +1,101 @@
+"""``CUDAGraphWrapper``: one compiled piece, captured once per batch descriptor, replayed after.
+
+vLLM: ``vllm/compilation/cuda_graph.py``. The wrapper reads the runtime mode and the batch
+descriptor from the forward context. A mode other than its own (NONE for eager steps and warmup,
+FULL while the whole forward is being captured around it) means: just run the piece. Its own mode
+means: replay the graph of this descriptor, or capture one if there is none yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cglab.config import CUDAGraphMode
+from cglab.errors import AddressChangedError, CaptureError
+from cglab.forward_context import get_forward_context
+from cglab.graphs import CapturedGraph, GraphBackend
+
+_capturing_enabled = False
+
+
+@contextlib.contextmanager
+def cudagraph_capturing_enabled() -> Iterator[None]:
+    """Let wrappers capture new graphs; outside it a PIECEWISE step with no graph is an error, since
+    capturing in the middle of serving would record whatever batch happens to be running."""
+    global _capturing_enabled
+    previous, _capturing_enabled = _capturing_enabled, True
+    try:
+        yield
+    finally:
+        _capturing_enabled = previous
+
+
+@dataclass
+class CUDAGraphEntry:
+    graph: CapturedGraph
+    output: Any  # the static output: the graph rewrites it at every replay
+    input_addresses: list[int]  # data_ptr of each tensor argument at capture (the debug check)
+
+
+class CUDAGraphWrapper:
+    """Wraps ``runnable`` (one piece between two splitting ops) for one runtime mode.
+
+    ``check_addresses`` is vLLM's debug check: the positional tensor arguments must live where they
+    lived at capture. It sees only the arguments; metadata a piece reads from the forward context is
+    beyond it (cglab's ``CudaGraphManager`` checks that too).
+    """
+
+    def __init__(self, runnable: Callable[..., Any], backend: GraphBackend, name: str,
+                 runtime_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, check_addresses: bool = False) -> None:
+        assert runtime_mode is not CUDAGraphMode.NONE, "a wrapper must have a graph mode"
+        self.runnable = runnable
+        self.backend = backend
+        self.name = name
+        self.runtime_mode = runtime_mode
+        self.check_addresses = check_addresses
+        self.entries: dict[Any, CUDAGraphEntry] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        context = get_forward_context()
+        if context.cg_mode is not self.runtime_mode:
+            return self.runnable(*args)
+        desc = context.batch_descriptor
+        if desc is None:
+            raise CaptureError(f"{self.name}: a {self.runtime_mode.name} step needs a batch descriptor in the "
+                               "forward context; pass it to set_forward_context(..., batch_descriptor=desc)")
+        entry = self.entries.get(desc)
+        if entry is None:
+            return self._capture(desc, args)
+        if self.check_addresses:
+            self._check(desc, entry, args)
+        entry.graph.replay()
+        return entry.output
+
+    def _capture(self, desc: Any, args: tuple[Any, ...]) -> Any:
+        if not _capturing_enabled:
+            captured = ", ".join(map(str, self.entries)) or "none"
+            raise CaptureError(f"{self.name} has no graph for {desc} (captured: {captured}) and graphs are only "
+                               "captured at start-up; dispatch the batch to a captured size or run it eagerly")
+        graph, output = self.backend.capture(lambda: self.runnable(*args))
+        addresses = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        self.entries[desc] = CUDAGraphEntry(graph, output, addresses)
+        return output
+
+    def _check(self, desc: Any, entry: CUDAGraphEntry, args: tuple[Any, ...]) -> None:
+        now = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        moved = [i for i, (a, b) in enumerate(zip(now, entry.input_addresses)) if a != b]
+        if moved or len(now) != len(entry.input_addresses):
+            raise AddressChangedError(
+                f"{self.name}, {desc}: tensor argument(s) {moved} live elsewhere than at capture, so the graph "
+                "would read stale memory; pass the same (persistent) tensors at every replay")
+
+    def release(self, desc: Any) -> None:
+        """Drop the graph of ``desc`` (its memory returns to the pool once nothing uses it)."""
+        entry = self.entries.pop(desc, None)
+        if entry is not None:
+            entry.graph.reset()

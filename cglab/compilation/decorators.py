@@ -1,0 +1,67 @@
+"""Compiling the model once for every token count (vLLM: ``support_torch_compile`` in
+``vllm/compilation/decorators.py`` and ``TorchCompileWithNoGuardsWrapper`` in ``wrapper.py``).
+
+The token dimension of the inputs is marked dynamic, so dynamo traces one graph with a symbolic
+size ``s0``; ``backed_size_oblivious`` stops it from specialising sizes 0 and 1 while tracing. Then,
+as vLLM does, every guard is dropped: the one compiled graph serves every later call, whatever its
+size, and also under a graph backend's dispatch mode (a guard would see that as a reason to
+trace again). Graphs are then captured per size from that one compiled graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from cglab.compilation.backends import CglabBackend
+from cglab.errors import CaptureError
+
+
+def _fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
+    """``model.forward`` with a code object of its own.
+
+    Dynamo keeps compiled graphs per code object, and caps how many it keeps. vLLM has one model per
+    process; a notebook or a test session here builds dozens, each with its own backend, and would hit
+    that cap. A private copy of the code gives every model its own cache, freed with the model.
+    """
+    fn = type(model).forward
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
+    return types.MethodType(copy, model)
+
+
+def _size_oblivious() -> contextlib.AbstractContextManager[None]:
+    config = torch.fx.experimental._config
+    if "backed_size_oblivious" in getattr(config, "_config", {}):
+        return config.patch(backed_size_oblivious=True)
+    return contextlib.nullcontext()
+
+
+class CompiledModel:
+    """Calls the model through ``torch.compile`` with ``backend``; the token dimension is symbolic."""
+
+    def __init__(self, model: nn.Module, backend: CglabBackend) -> None:
+        self.model = model
+        self.backend = backend
+        self._compiled = torch.compile(_fresh_forward(model), backend=backend, fullgraph=True, dynamic=False,
+                                       options={"guard_filter_fn": lambda guards: [False for _ in guards]})
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.backend.num_compiles:
+            return self._compiled(input_ids, positions)
+        torch._dynamo.mark_dynamic(input_ids, 0)
+        torch._dynamo.mark_dynamic(positions, 0)
+        try:
+            with _size_oblivious():
+                return self._compiled(input_ids, positions)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise CaptureError(
+                f"torch.compile could not trace the model into one graph ({first}). The model's Python outside "
+                "its custom ops is traced once for every size: keep host reads (.item(), printing) and "
+                "data-dependent branches out of it, inside a custom op or before the step; or use "
+                "piecewise_flavor='breakable', which does not compile") from exc
