@@ -9,29 +9,44 @@ PATTERNS = ["sconv,attn,compressor,attn", "attn", "sconv", "compressor,compresso
 MIXED_BATCHES = (3, 1, 8, 5, 2, 7)
 
 
-@pytest.mark.parametrize("mode", ["none", "piecewise", "full"])
+FLAVORS = ["compiled", "breakable"]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("mode", ["none", "piecewise", "full", "full_and_piecewise", "full_decode_only"])
 @pytest.mark.parametrize("layers", PATTERNS)
-def test_fixed_path_replay_equals_eager(device, mode, layers):
-    result = run_repro(mode, layers=layers, batch_sizes=MIXED_BATCHES, steps=14, device=device)
+def test_fixed_path_replay_equals_eager(device, mode, layers, flavor):
+    result = run_repro(mode, piecewise_flavor=flavor, layers=layers, batch_sizes=MIXED_BATCHES, steps=14,
+                       device=device)
     assert result.error is None
     assert result.max_abs_diff < result.tolerance, result.step_diffs
     assert not result.state_diverged, result.state_diffs
-    if mode != "none":
-        assert result.step_modes[0].startswith(mode.upper())  # a graph served the step, not eager
+    expected = {"none": "NONE", "piecewise": "PIECEWISE"}.get(mode, "FULL")  # decode steps: FULL where captured
+    assert {m.split("(")[0] for m in result.step_modes} == {expected}  # graphs served every step, not eager
 
 
 @pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
-def test_legacy_piecewise_diverges_silently(device, layers):
+def test_legacy_compiled_piecewise_diverges_silently(device, layers):
     result = run_repro("piecewise", legacy_skip_attn=True, layers=layers, device=device)
+    assert result.piecewise_flavor == "compiled"  # vLLM's default, and where the bug lived
     assert result.error is None  # no error anywhere: that is the bug
     assert result.max_abs_diff > 0.05  # not rounding: the layers' whole contribution is missing
     assert result.state_diverged
     assert max(result.state_diffs.values()) > 0.05
 
 
+@pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
+def test_legacy_breakable_piecewise_was_already_safe(device, layers):
+    """Before the fix, breakable capture got capture metadata (the assert tied the two together)."""
+    result = run_repro("piecewise", piecewise_flavor="breakable", legacy_skip_attn=True, layers=layers,
+                       strict_layers=True, device=device)
+    assert result.error is None and not result.diverged
+    assert all(m.startswith("PIECEWISE") for m in result.step_modes)
+
+
 def test_legacy_graph_never_writes_guarded_state(device):
-    """After eager prefill, legacy PIECEWISE decode steps write attention's KV cache but never the
-    sconv or compressor state: the graph replays the profiling branch."""
+    """After eager prefill, legacy compiled PIECEWISE decode steps write attention's KV cache but
+    never the sconv or compressor state: the pieces replay the profiling branch."""
     config = ToyConfig(max_num_reqs=4)
     runner = ModelRunner(config, "piecewise", device=device, legacy_skip_attn=True)
     for i in range(4):
@@ -47,7 +62,7 @@ def test_legacy_graph_never_writes_guarded_state(device):
                        "layers.3.attn.kv_cache": True}
 
 
-def test_legacy_piecewise_with_strict_layers_fails_loudly(device):
+def test_legacy_compiled_piecewise_with_strict_layers_fails_loudly(device):
     result = run_repro("piecewise", legacy_skip_attn=True, strict_layers=True, device=device)
     assert result.error is not None and result.error.startswith("MissingMetadataError")
     assert "prepare_inputs_to_capture" in result.error

@@ -40,6 +40,7 @@ class CUDAGraphEntry:
     graph: CapturedGraph
     output: Any  # the static output: the graph rewrites it at every replay
     input_addresses: list[int]  # data_ptr of each tensor argument at capture (the debug check)
+    replays: int = 0  # how often this graph served a step (a test that never replays proves nothing)
 
 
 class CUDAGraphWrapper:
@@ -74,6 +75,7 @@ class CUDAGraphWrapper:
         if self.check_addresses:
             self._check(desc, entry, args)
         entry.graph.replay()
+        entry.replays += 1
         return entry.output
 
     def _capture(self, desc: Any, args: tuple[Any, ...]) -> Any:

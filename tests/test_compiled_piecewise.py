@@ -1,0 +1,145 @@
+"""Compiled PIECEWISE: torch.compile split at splitting_ops, one graph per piece, on every backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from cglab import CaptureError, ConfigError, CUDAGraphMode, ModelRunner, ToyConfig, run_repro, set_forward_context
+from cglab.cli import main
+from cglab.compilation import PiecewiseGraph
+
+CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
+
+
+def _decode(runner: ModelRunner, steps: int) -> list[str]:
+    """Prefill four requests eagerly, then ``steps`` decode steps; returns how each step ran."""
+    for i in range(4):
+        runner.add_request(f"r{i}")
+        runner.step({f"r{i}": [1 + i, 2, 3, 4, 5]}, eager=True)
+    return [str(runner.step({f"r{i}": [(s + i) % 60] for i in range(1 + s % 4)}).descriptor) for s in range(steps)]
+
+
+def test_graph_is_split_at_attention_into_pieces(device):
+    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    compiled = runner.cudagraph_manager.compiled
+    kinds = [("splitting op" if item.is_splitting_graph else "piece") for item in compiled.items]
+    assert kinds == ["piece", "splitting op", "piece", "splitting op", "piece"]
+    assert sorted(compiled.wrappers) == ["submod_0", "submod_2", "submod_4"]  # splitting ops stay unwrapped
+    graph = runner.cudagraph_manager.graphs[next(iter(runner.cudagraph_manager.graphs))].graph
+    assert isinstance(graph, PiecewiseGraph) and (graph.num_segments, graph.num_eager_breaks) == (3, 2)
+    assert "eager: cglab::unified_attention (submod_1)" in graph.describe()
+    runner.close()
+
+
+def test_compiles_once_and_every_piece_replays(device):
+    """One trace with a symbolic token count serves capture at every size and every eager step;
+    each piece's graph is replayed once per PIECEWISE step of its size (counted, not assumed)."""
+    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    compiled = runner.cudagraph_manager.compiled
+    modes = _decode(runner, 8)
+    assert compiled.num_compiles == 1
+    assert all(m.startswith("PIECEWISE") for m in modes)
+    for wrapper in compiled.wrappers.values():
+        assert sorted(e.replays for e in wrapper.entries.values()) == [2, 2, 4]  # sizes 1, 2, 4 (4 pads 3)
+    runner.close()
+
+
+def test_full_graphs_are_captured_from_the_compiled_model(device):
+    """Under FULL the piece wrappers step aside (the mode is not theirs) and one graph holds everything."""
+    runner = ModelRunner(CONFIG, "full_and_piecewise", device=device)
+    manager = runner.cudagraph_manager
+    assert manager.compiled is not None and manager.compiled.num_compiles == 1
+    assert manager.captured_sizes == {CUDAGraphMode.PIECEWISE: [1, 2, 4], CUDAGraphMode.FULL: [1, 2, 4]}
+    full = [e.graph for d, e in manager.graphs.items() if d.cg_mode is CUDAGraphMode.FULL]
+    assert all(g.num_segments == 1 and g.num_eager_breaks == 0 for g in full)
+    assert all(m.startswith("FULL") for m in _decode(runner, 4))
+    runner.close()
+
+
+def test_full_only_policy_compiles_the_graph_whole(device):
+    runner = ModelRunner(CONFIG, "full", device=device)
+    compiled = runner.cudagraph_manager.compiled
+    assert [item.is_splitting_graph for item in compiled.items] == [False] and not compiled.wrappers
+    runner.close()
+
+
+def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device):
+    """LFM2's short conv is a splitting op upstream: split there, the guard runs at every step."""
+    ops = ["cglab::unified_attention", "cglab::short_conv"]
+    legacy = run_repro("piecewise", legacy_skip_attn=True, layers="sconv,attn", splitting_ops=ops, device=device)
+    assert legacy.error is None and not legacy.diverged
+    both = run_repro("piecewise", legacy_skip_attn=True, splitting_ops=ops, device=device)
+    assert both.state_diffs["layers.0.sconv.conv_state"] == 0  # the short conv is safe now...
+    assert both.state_diffs["layers.2.compressor.state_cache"] > 0.05  # ...the compressor is not
+
+
+def test_strict_attention_fails_compiled_capture_under_the_fix(device):
+    """The revert: with metadata at capture, attention really runs on the dummy batch."""
+    fixed = run_repro("piecewise", strict_attention=True, device=device)
+    assert fixed.error.startswith("CaptureError: capturing the PIECEWISE(tokens=8, reqs=any) graph failed: "
+                                  "layers.1.attn: the strict (FA3-like) attention kernel")
+    assert "illegal memory access" in fixed.error
+    legacy = run_repro("piecewise", strict_attention=True, legacy_skip_attn=True, layers="attn", device=device)
+    assert legacy.error is None and not legacy.diverged  # metadata None: attention took its profiling path
+    assert run_repro("full", strict_attention=True, device=device).error is None  # capture-safe metadata
+    toy = run_repro("piecewise", device=device)  # the toy attention copes with the dummy batch
+    assert toy.error is None and not toy.diverged
+
+
+def test_a_recompile_is_impossible(device):
+    """Guards are dropped after the one trace: a size never seen, or a call outside inference mode,
+    reuses the compiled graph rather than tracing again."""
+    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner.add_request("a")
+    runner.step({"a": list(range(1, 40))}, eager=True)  # 39 tokens: above every capture size
+    with set_forward_context(None):  # a profiling run, outside inference mode
+        runner.forward_model(runner.input_buffers.input_ids[:3], runner.input_buffers.positions[:3])
+    assert runner.cudagraph_manager.compiled.num_compiles == 1
+    runner.close()
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"piecewise_flavor": "fused"}, "unknown PIECEWISE flavor 'fused'"),
+    ({"splitting_ops": ["cglab::flash_attn"]}, "unknown splitting op(s) 'cglab::flash_attn'; valid names"),
+    ({"splitting_ops": ["cglab::compressor"]}, "'cglab::compressor' are not in this model"),
+    ({"splitting_ops": []}, "splitting_ops is empty"),
+    ({"splitting_ops": ["cglab::short_conv"], "piecewise_flavor": "breakable"}, "applies to piecewise_flavor='compiled'"),
+    ({"compile_backend": "tvm"}, "unknown compile_backend 'tvm'"),
+])
+def test_bad_compile_options_get_a_config_error(kwargs, needle):
+    config = ToyConfig(layers=("sconv", "attn"))
+    with pytest.raises(ConfigError) as err:
+        ModelRunner(config, "piecewise", **kwargs)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--piecewise-flavor", "fused"], "invalid choice: 'fused'"),
+    (["--splitting-ops", "cglab::nope"], "unknown splitting op(s) 'cglab::nope'"),
+    (["--layers", "attn", "--splitting-ops", "cglab::short_conv"], "are not in this model"),
+])
+def test_bad_compile_options_get_one_line_from_the_cli(capsys, argv, needle):
+    try:
+        code = main(["repro", *argv])
+    except SystemExit as exc:  # argparse's own errors leave through SystemExit
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_check_exits_one_on_divergence(capsys):
+    assert main(["repro", "--legacy-skip-attn", "--steps", "3", "--check", "--json"]) == 1
+    assert main(["repro", "--steps", "3", "--check", "--json"]) == 0
+    assert main(["repro", "--piecewise-flavor", "breakable", "--legacy-skip-attn", "--steps", "3", "--check"]) == 0
+
+
+def test_a_wrapper_never_captures_while_serving(device):
+    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    wrapper = runner.cudagraph_manager.compiled.wrappers["submod_0"]
+    wrapper.entries.clear()  # as if size 1 had never been captured
+    runner.add_request("a")
+    runner.step({"a": [1, 2]}, eager=True)
+    with pytest.raises(CaptureError, match="graphs are only captured at start-up"):
+        runner.step({"a": [3]})
+    runner.close()
