@@ -69,7 +69,7 @@ def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device):
     legacy = run_repro("piecewise", legacy_skip_attn=True, layers="sconv,attn", splitting_ops=ops, device=device)
     assert legacy.error is None and not legacy.diverged
     both = run_repro("piecewise", legacy_skip_attn=True, splitting_ops=ops, device=device)
-    assert both.state_diffs["layers.0.sconv.conv_state"] == 0  # the short conv is safe now...
+    assert both.state_diffs["layers.0.sconv.conv_state"] < both.tolerance  # the short conv is safe now...
     assert both.state_diffs["layers.2.compressor.state_cache"] > 0.05  # ...the compressor is not
 
 
