@@ -63,6 +63,7 @@ _INT_COLUMNS = frozenset({"batch_size", "launches", "kernels", "counted_launches
 _STR_COLUMNS = frozenset({"mode", "backend"})
 FORMAT = "cglab-bench/1"
 RUNTIME_MODES = ("none", "piecewise", "full")
+PIECEWISE_FLAVOR = "breakable"  # the flavor every recorded run in data/ measured (uncompiled model)
 MAX_BATCH = 1024
 _MARKER = "cglab.bench/"
 _BLOCK_SIZE = 4
@@ -190,8 +191,10 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
             for mode in config.modes:
                 status(f"{mode}: capture")
                 # The address guard is a debugging aid, off on CUDA by default: keep it out of the
-                # timed replay on every backend so CPU and GPU time the same work.
+                # timed replay on every backend so CPU and GPU time the same work. PIECEWISE is the
+                # breakable flavor, whose launches are counted structurally (one per segment).
                 runners[mode] = ModelRunner(toy, mode, device=device, check_addresses=False,
+                                            piecewise_flavor=PIECEWISE_FLAVOR,
                                             progress=lambda d: status(f"captured {d}"))
                 status(f"{mode}: prefill")
                 _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
@@ -458,6 +461,7 @@ def collect_environment(device: torch.device) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": 1 if not cuda else torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "piecewise_flavor": PIECEWISE_FLAVOR,
     }
     if cuda:
         props = torch.cuda.get_device_properties(device)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class ForwardContext:
-    # layer name -> that layer's metadata; None on profiling runs (and, before the fix, at PIECEWISE capture)
+    # layer name -> that layer's metadata; None on profiling runs (and, before the fix, at compiled PIECEWISE capture)
     attn_metadata: dict[str, Any] | None
     cg_mode: CUDAGraphMode = CUDAGraphMode.NONE
     batch_descriptor: BatchExecutionDescriptor | None = None

@@ -61,6 +61,7 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capsys: pytest.Cap
     assert by_mode["none"]["launches"] == by_mode["none"]["kernels"] == by_mode["full"]["kernels"]
     env = result.environment
     assert env["backend"] == "sim" and env["torch"] and env["date"] and env["host_cpu"]
+    assert env["piecewise_flavor"] == "breakable"  # what the recorded runs measured
     assert result.config["quick"] is True and result.config["toy_config"]["capture_sizes"] == [1, 2, 4, 8]
     assert all(SIM_LABEL in title for title in _plot_all(result))
 

@@ -1,4 +1,4 @@
-"""DeepSeek-V4-style KV compressor. It runs *inside* graph segments.
+"""DeepSeek-V4-style KV compressor. It runs *inside* the captured pieces (segments).
 
 vLLM: ``vllm/models/deepseek_v4/compressor.py``.
 Every token saves a partial state at its slot (``slot_mapping``); the token that completes a group

@@ -1,4 +1,4 @@
-"""Inkling-style short convolution over a paged conv-state cache. It runs *inside* graph segments.
+"""Inkling-style short convolution over a paged conv-state cache. It runs *inside* the captured pieces (segments).
 
 vLLM: the Inkling model's short convolutions (``vllm/models/inkling/...``).
 Each token's conv input is stored at its slot; the conv reads the previous ``kernel_size - 1``
