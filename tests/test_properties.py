@@ -1,5 +1,6 @@
 """Property-based tests: for random models, capture sizes and step sequences, the fixed capture path
-replays exactly what eager computes, in every mode, and leaves every cache as the eager reference does.
+replays exactly what eager computes, in every mode and PIECEWISE flavor, and leaves every cache as the
+eager reference does.
 
 Small configs (hidden size 16, up to three layers) keep a few hundred examples within CI's budget.
 ``derandomize=True``: the same examples every run, so a failure in CI reproduces locally.
@@ -20,7 +21,7 @@ CI = settings(deadline=None, derandomize=True, database=None, suppress_health_ch
 
 
 @st.composite
-def engines(draw: st.DrawFn) -> tuple[ToyConfig, CUDAGraphMode]:
+def engines(draw: st.DrawFn) -> tuple[ToyConfig, CUDAGraphMode, str]:
     config = ToyConfig(
         layers=tuple(draw(st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3))),
         hidden_size=16, num_heads=2, vocab_size=32, block_size=4,
@@ -30,7 +31,7 @@ def engines(draw: st.DrawFn) -> tuple[ToyConfig, CUDAGraphMode]:
         sconv_kernel_size=draw(st.integers(2, 4)), compress_ratio=draw(st.sampled_from([2, 4])),
         strict_layers=draw(st.booleans()), seed=draw(st.integers(0, 3)),
     )
-    return config, draw(st.sampled_from(list(CUDAGraphMode)))
+    return config, draw(st.sampled_from(list(CUDAGraphMode))), draw(st.sampled_from(["compiled", "breakable"]))
 
 
 def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
@@ -42,9 +43,9 @@ def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
 @settings(CI, max_examples=300)
 @given(data=st.data())
 def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) -> None:
-    config, mode = data.draw(engines())
+    config, mode, flavor = data.draw(engines())
     plan = data.draw(step_plans(config.max_num_reqs))
-    runner = ModelRunner(config, mode)
+    runner = ModelRunner(config, mode, piecewise_flavor=flavor)
     reference = ModelRunner(config, "none")
     for i in range(config.max_num_reqs):
         for r in (runner, reference):
