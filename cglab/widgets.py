@@ -15,15 +15,16 @@ import torch
 from matplotlib.figure import Figure
 
 from cglab.bench import BenchResult
-from cglab.config import ToyConfig
+from cglab.config import PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig, parse_piecewise_flavor
 from cglab.draw import DPI, draw_caches, draw_divergence
+from cglab.errors import ConfigError
 from cglab.repro import ReproResult, run_repro
 from cglab.runner import ModelRunner
 
 __all__ = [
-    "LAYER_MIXES", "decode_explorer", "decode_scenario", "divergence_explorer", "interactive_decode_explorer",
-    "interactive_divergence_explorer", "interactive_latency_explorer", "last_written_slots", "latency_explorer",
-    "verdict", "verdict_table",
+    "LAYER_MIXES", "case_label", "decode_explorer", "decode_scenario", "divergence_explorer",
+    "interactive_decode_explorer", "interactive_divergence_explorer", "interactive_latency_explorer",
+    "last_written_slots", "latency_explorer", "verdict", "verdict_table",
 ]
 
 PROMPT_LENGTHS = (5, 9, 3)  # three requests of different lengths: their blocks fill at different steps
@@ -67,35 +68,63 @@ def verdict(result: ReproResult) -> str:
     return "matches eager"
 
 
+def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
+    """``"PIECEWISE compiled legacy"``: a repro case as the explorers and tables name it. The flavor is
+    named only where a PIECEWISE graph is captured; FULL-only and eager cases do not depend on it."""
+    cg_mode = CUDAGraphMode.parse(mode)
+    flavor = parse_piecewise_flavor(flavor)
+    named = f" {flavor}" if CUDAGraphMode.PIECEWISE in cg_mode.runtime_modes() else ""
+    return f"{cg_mode.name}{named} {'legacy' if legacy else 'fixed'}"
+
+
 def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
-                        strict: bool = False, *, device: str = "cpu", steps: int = 16) -> Figure:
-    """The repro for one choice of controls, drawn next to the fixed path for comparison."""
-    chosen = run_repro(mode, legacy_skip_attn=legacy, layers=layers, strict_layers=strict, steps=steps,
-                       device=device)
-    label = f"{mode.upper()}{' legacy skip_attn' if legacy else ' fixed'}{' strict' if strict else ''}"
+                        strict: bool = False, *, flavor: str = "compiled", device: str = "cpu",
+                        steps: int = 16) -> Figure:
+    """The repro for one choice of controls, drawn next to the fixed path for comparison.
+
+    ``flavor``: how PIECEWISE graphs are captured, ``"compiled"`` (torch.compile split at attention,
+    where the legacy bug lived) or ``"breakable"``."""
+    chosen = run_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers,
+                       strict_layers=strict, steps=steps, device=device)
+    label = f"{case_label(mode, legacy, flavor)}{' strict' if strict else ''}"
     results = {label: chosen}
     if legacy:
-        results[f"{mode.upper()} fixed"] = run_repro(mode, layers=layers, strict_layers=strict, steps=steps,
-                                                     device=device)
+        results[case_label(mode, False, flavor)] = run_repro(mode, piecewise_flavor=flavor, layers=layers,
+                                                             strict_layers=strict, steps=steps, device=device)
     fig = draw_divergence(results)
     fig.suptitle(f"{layers}: {label} -> {verdict(chosen)}", fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def verdict_table(layer_mixes: Sequence[str], cases: Sequence[tuple[str, bool]], *, device: str = "cpu",
-                  steps: int = 12) -> str:
-    """A text grid: one row per layer mix, one column per (mode, legacy) case, each cell a verdict."""
-    headers = [f"{mode.upper()}{' legacy' if legacy else ' fixed'}" for mode, legacy in cases]
-    width = max(len(m) for m in layer_mixes)
-    lines = [" " * width + " | " + " | ".join(f"{h:^15}" for h in headers)]
+Case = tuple[str, bool] | tuple[str, bool, str]
+
+
+def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 12,
+                  **repro_options: Any) -> str:
+    """A text grid: one row per layer mix, one column per case, each cell ``ok``, ``DIVERGED`` or
+    ``FAILED`` (capture raised). Column headers take two lines: the mode, then flavor and path.
+
+    A case is ``(mode, legacy)`` or ``(mode, legacy, flavor)``; the flavor defaults to ``"compiled"``.
+    ``repro_options`` go to every ``run_repro`` call (``strict_attention=True``, ``splitting_ops=...``).
+    """
+    full_cases = []
+    for case in cases:
+        if not isinstance(case, tuple) or len(case) not in (2, 3):
+            raise ConfigError(f"a verdict_table case is (mode, legacy) or (mode, legacy, flavor), got {case!r}")
+        full_cases.append((case[0], case[1], case[2] if len(case) == 3 else "compiled"))
+    headers = [case_label(*case).split(" ", 1) for case in full_cases]
+    widths = [max(8, *map(len, h)) for h in headers]
+    first = max(len(m) for m in layer_mixes)
+    lines = [" " * first + " | " + " | ".join(f"{h[i]:^{w}}" for h, w in zip(headers, widths)) for i in (0, 1)]
     for layers in layer_mixes:
         cells = []
-        for mode, legacy in cases:
-            result = run_repro(mode, legacy_skip_attn=legacy, layers=layers, steps=steps, device=device)
-            cells.append("DIVERGED" if result.diverged else "ok")
-        lines.append(f"{layers:<{width}} | " + " | ".join(f"{c:^15}" for c in cells))
-    return "\n".join(lines)
+        for mode, legacy, flavor in full_cases:
+            result = run_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers, steps=steps,
+                               device=device, **repro_options)
+            cells.append("FAILED" if result.error else "DIVERGED" if result.diverged else "ok")
+        lines.append(f"{layers:<{first}} | " + " | ".join(f"{c:^{w}}" for c, w in zip(cells, widths)))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
@@ -132,11 +161,12 @@ def interactive_decode_explorer(*, device: str = "cpu", max_step: int = 12) -> A
 
 
 def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
-    """Mode, the legacy switch, the layer mix and strict layers; the divergence plot redraws."""
+    """Mode, PIECEWISE flavor, the legacy switch, the layer mix and strict layers; the plot redraws."""
     import ipywidgets as widgets
 
     controls = {
         "mode": widgets.Dropdown(options=["piecewise", "full", "none"], value="piecewise", description="mode"),
+        "flavor": widgets.Dropdown(options=list(PIECEWISE_FLAVORS), value="compiled", description="flavor"),
         "legacy": widgets.Checkbox(value=True, description="legacy skip_attn"),
         "layers": widgets.Dropdown(options=list(LAYER_MIXES), value=LAYER_MIXES[0], description="layers"),
         "strict": widgets.Checkbox(value=False, description="strict layers"),

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from cglab import CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig, run_repro  # noqa: E402
+from cglab import ConfigError, CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig, run_repro  # noqa: E402
 from cglab.bench import BenchConfig, run_bench  # noqa: E402
 from cglab.draw import (  # noqa: E402
     describe_environment,
@@ -22,6 +22,7 @@ from cglab.draw import (  # noqa: E402
     draw_padding,
 )
 from cglab.widgets import (  # noqa: E402
+    case_label,
     decode_explorer,
     decode_scenario,
     divergence_explorer,
@@ -69,9 +70,20 @@ def test_caches_picture_shows_the_legacy_bug_as_missing_writes():
 
 def test_divergence_explorer_titles_its_verdict():
     fig = divergence_explorer("piecewise", legacy=True, steps=4)
-    assert "DIVERGED" in fig._suptitle.get_text()
+    assert fig._suptitle.get_text() == "sconv,attn,compressor,attn: PIECEWISE compiled legacy -> " \
+                                       "DIVERGED from eager, and nothing raised"
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["PIECEWISE compiled legacy",
+                                                                                "PIECEWISE compiled fixed"]
     fig = divergence_explorer("full", legacy=False, steps=4)
-    assert fig._suptitle.get_text().endswith("matches eager")
+    assert fig._suptitle.get_text().endswith("FULL fixed -> matches eager")
+
+
+def test_divergence_explorer_takes_the_flavor():
+    """Breakable PIECEWISE got capture metadata before the fix: no divergence, even with strict layers."""
+    fig = divergence_explorer("piecewise", legacy=True, strict=True, flavor="breakable", steps=4)
+    assert fig._suptitle.get_text().endswith("PIECEWISE breakable legacy strict -> matches eager")
+    with pytest.raises(ConfigError, match="unknown PIECEWISE flavor 'fused'"):
+        divergence_explorer("piecewise", flavor="fused", steps=2)
 
 
 def test_divergence_explorer_with_strict_layers_reports_the_loud_failure():
@@ -79,12 +91,35 @@ def test_divergence_explorer_with_strict_layers_reports_the_loud_failure():
     assert "capture failed loudly (MissingMetadataError)" in fig._suptitle.get_text()
 
 
+def test_case_label_names_the_flavor_only_where_piecewise_is_captured():
+    assert case_label("piecewise", True) == "PIECEWISE compiled legacy"
+    assert case_label("piecewise", False, "breakable") == "PIECEWISE breakable fixed"
+    assert case_label("full_and_piecewise", False, "breakable") == "FULL_AND_PIECEWISE breakable fixed"
+    assert case_label("full", True, "breakable") == "FULL legacy"
+    assert case_label("none", False) == "NONE fixed"
+
+
+def _table_cells(table: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split("|")] for line in table.splitlines()]
+
+
 def test_verdicts_and_table():
     assert verdict(run_repro("piecewise", legacy_skip_attn=True, steps=4)).startswith("DIVERGED")
     assert verdict(run_repro("piecewise", steps=4)) == "matches eager"
-    table = verdict_table(["sconv,attn", "attn"], [("piecewise", True), ("full", True)], steps=4)
-    rows = [line.split("|") for line in table.splitlines()[1:]]
-    assert [[c.strip() for c in row] for row in rows] == [["sconv,attn", "DIVERGED", "ok"], ["attn", "ok", "ok"]]
+    table = verdict_table(["sconv,attn", "attn"], [("piecewise", True), ("piecewise", True, "breakable"),
+                                                   ("full", True)], steps=4)
+    assert _table_cells(table) == [["", "PIECEWISE", "PIECEWISE", "FULL"],
+                                   ["", "compiled legacy", "breakable legacy", "legacy"],
+                                   ["sconv,attn", "DIVERGED", "ok", "ok"], ["attn", "ok", "ok", "ok"]]
+
+
+def test_verdict_table_passes_options_and_marks_failed_captures():
+    """The revert in one row: strict attention fails compiled capture under the fix, not under legacy."""
+    table = verdict_table(["attn,attn"], [("piecewise", False), ("piecewise", True), ("full", False)], steps=3,
+                          strict_attention=True)
+    assert _table_cells(table)[2] == ["attn,attn", "FAILED", "ok", "ok"]
+    with pytest.raises(ConfigError, match=r"a verdict_table case is \(mode, legacy\)"):
+        verdict_table(["attn"], [("piecewise",)], steps=2)
 
 
 def test_pictures_of_graphs_and_padding():
@@ -127,3 +162,11 @@ def test_interactive_wrappers_build_widgets(bench_result):
         assert isinstance(widget, ipywidgets.VBox)
         controls, output = widget.children
         assert isinstance(output, ipywidgets.Output) and controls.children
+
+
+def test_divergence_widget_has_a_flavor_control():
+    ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
+    controls, _ = interactive_divergence_explorer().children
+    flavor = {c.description: c for c in controls.children}["flavor"]
+    assert isinstance(flavor, ipywidgets.Dropdown)
+    assert list(flavor.options) == ["compiled", "breakable"] and flavor.value == "compiled"
