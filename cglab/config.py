@@ -107,7 +107,8 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
     ops = tuple(dict.fromkeys(p.strip() for p in parts if p.strip()))
     if not ops:
         raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at "
-                          f"(this model has {', '.join(in_model)}); for one graph over the whole forward use mode 'full'")
+                          f"(this model has {', '.join(in_model)}); for one graph over the whole forward "
+                          "use mode 'full'")
     unknown = [op for op in ops if op not in OP_OF_KIND.values()]
     if unknown:
         raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "

@@ -2,41 +2,28 @@
 
 Every function returns a ``matplotlib.figure.Figure`` that pyplot does not manage, so a notebook
 shows it once (as the cell's value) and a test can draw it with no display at all. Text pictures
-(``describe_requests``, ``describe_pieces``, ``trace_replay``: the Python calls one step runs)
-return strings, so notebooks can print them and nbval can check them.
+(``describe_requests``, ``describe_step``; a graph's pieces are in ``cglab.anatomy``) return
+strings, so notebooks can print them and nbval can check them.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from types import CodeType, FrameType
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from torch import nn
 
-from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher
-from cglab.compilation import CUDAGraphWrapper, PiecewiseGraph
-from cglab.compilation.backends import op_name
+from cglab.anatomy import Piece, steps_as_pieces
+from cglab.batch import CudagraphDispatcher
 from cglab.config import OP_OF_KIND, CUDAGraphMode
-from cglab.custom_ops import custom_op_impl, registered_op_names
-from cglab.errors import ConfigError
-from cglab.forward_context import get_forward_context
-from cglab.graphs import CapturedGraph, EagerStep, GraphSegment
-from cglab.model import ToyTransformer
+from cglab.graphs import CapturedGraph
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["Piece", "describe_environment", "describe_pieces", "describe_replays", "describe_requests",
-           "describe_step", "draw_caches", "draw_divergence", "draw_graph_anatomy", "draw_padding", "graph_pieces",
-           "trace_replay"]
+__all__ = ["describe_environment", "describe_requests", "describe_step", "draw_caches", "draw_divergence",
+           "draw_graph_anatomy", "draw_padding"]
 
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
 _FREE = (1.0, 1.0, 1.0)
@@ -172,143 +159,6 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
 # ------------------------------------------------------------ what a captured forward is made of
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One step of a captured forward as it runs at replay: a graph, or Python run eagerly.
-
-    ``name``: ``"submod_2"`` (a piece of the compiled split graph), ``"segment 1"`` (a breakable or
-    FULL capture) or ``"eager step"``. ``op``: for an eager step, the op it runs; for a compiled
-    graph piece, the custom ops frozen inside it. ``span``: the model modules a compiled piece
-    covers, first to last (the plain model's segments carry no such record, so it stays empty).
-    """
-
-    name: str
-    eager: bool  # runs its Python at every step (a splitting op, an eager break); nothing recorded
-    num_ops: int = 0  # ops a graph recorded at capture (kernels on a GPU); 0 for an eager step
-    op: str = ""
-    span: str = ""
-
-
-def _op_of_impl() -> dict[CodeType, str]:
-    """The code of each cglab custom op's Python body -> the op's name (``"cglab::short_conv"``)."""
-    found = {}
-    for name in registered_op_names():
-        impl = custom_op_impl(getattr(torch.ops.cglab, name.split("::")[1]).default)
-        if impl is not None:
-            found[inspect.unwrap(impl).__code__] = name
-    return found
-
-
-def _eager_op(step: EagerStep) -> str:
-    """The op an eager step runs: a breakable capture keeps the op's Python body, a compiled
-    forward's splitting-op step is named after its op (``"cglab::unified_attention (submod_1)"``)."""
-    code = getattr(inspect.unwrap(step.fn), "__code__", None)
-    return _op_of_impl().get(code) or step.name.split(" (")[0]
-
-
-def _module_path(node: torch.fx.Node) -> str | None:
-    """The model module an FX node was traced in (``"layers.1.mixer"``), from dynamo's record."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = re.sub(r"^L\['self'\]\.?", "", list(stack.values())[-1][0])
-    return ".".join(path.split(".")[:3]) or None  # "layers.2.mixer", not its out_proj
-
-
-def _span_and_ops(gm: torch.fx.GraphModule) -> tuple[str, str]:
-    """The first and last module a piece covers, and the custom ops it calls."""
-    nodes = [n for n in gm.graph.nodes if n.op.startswith("call_")]
-    paths = [p for p in map(_module_path, nodes) if p]
-    ops = [n for n in map(op_name, nodes) if n]
-    span = "" if not paths else paths[0] if paths[0] == paths[-1] else f"{paths[0]} … {paths[-1]}"
-    return span, ", ".join(ops)
-
-
-def _steps_as_pieces(graph: CapturedGraph) -> list[Piece]:
-    pieces = []
-    for step in graph.steps:
-        if isinstance(step, EagerStep):
-            pieces.append(Piece("eager step", True, op=_eager_op(step)))
-        else:
-            pieces.append(Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops))
-    return pieces
-
-
-def _descriptor(runner: ModelRunner, desc: BatchExecutionDescriptor | None) -> BatchExecutionDescriptor:
-    manager = runner.cudagraph_manager
-    if manager is None or not manager.graphs:
-        raise ConfigError("this runner captured no graphs (mode 'none', or closed); "
-                          "build one with a graph mode such as 'piecewise'")
-    if desc is None:
-        return next(iter(manager.graphs))  # the first one captured: the largest of the first mode
-    if desc not in manager.graphs:
-        captured = ", ".join(map(str, manager.graphs))
-        raise ConfigError(f"no graph was captured for {desc}; captured: {captured}")
-    return desc
-
-
-def graph_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = None) -> list[Piece]:
-    """What the graph of ``desc`` (default: the first one captured) runs at replay, in order.
-
-    Compiled PIECEWISE: one ``Piece`` per submodule of the split graph, named as the compiler named
-    it; the pieces wrapped in a ``CUDAGraphWrapper`` are graphs, the splitting ops eager steps.
-    Breakable PIECEWISE and FULL: the recorded segments and eager steps of the one capture.
-    """
-    desc = _descriptor(runner, desc)
-    manager = runner.cudagraph_manager
-    assert manager is not None
-    graph, compiled = manager.graphs[desc].graph, manager.compiled
-    if not isinstance(graph, PiecewiseGraph) or compiled is None:
-        return _steps_as_pieces(graph)
-    pieces = []
-    for item in compiled.items:
-        span, ops = _span_and_ops(item.graph)
-        wrapper = compiled.wrappers.get(item.submod_name)
-        if wrapper is None:
-            pieces.append(Piece(item.submod_name, True, op=ops, span=span))
-        else:
-            pieces.append(Piece(item.submod_name, False, wrapper.entries[desc].graph.num_ops, ops, span))
-    return pieces
-
-
-def _flavor(runner: ModelRunner, desc: BatchExecutionDescriptor) -> str:
-    if desc.cg_mode is CUDAGraphMode.FULL:
-        compiled = runner.cudagraph_manager is not None and runner.cudagraph_manager.compiled is not None
-        return f"one capture of the {'compiled ' if compiled else ''}model"
-    if runner.use_breakable_cg:
-        return "breakable, cut at its eager breaks"
-    if not runner.splitting_ops:
-        return "compiled, with no splitting op in this model"
-    return f"compiled, split at {', '.join(runner.splitting_ops)}"
-
-
-def _where(runner: ModelRunner) -> str:
-    """Where a runner's graphs run, for output that differs by backend: ``simulator``, ``cuda``, ``eager``."""
-    return "simulator" if runner.backend_name == "sim" else runner.backend_name
-
-
-def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = None) -> str:
-    """``graph_pieces`` as text: one line per piece, graphs with their op counts, eager steps with
-    their op; compiled pieces also with the modules they cover and the custom ops inside them."""
-    desc = _descriptor(runner, desc)
-    pieces = graph_pieces(runner, desc)
-    where = _where(runner)
-    graphs = [p for p in pieces if not p.eager]
-    head = (f"{desc}, {_flavor(runner, desc)} ({where}): {len(graphs)} graph(s), "
-            f"{sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)")
-    width = max(len(p.name) for p in pieces)
-    lines = [head]
-    for p in pieces:
-        if p.eager:
-            where_op = f" at {p.span}" if p.span else ""
-            lines.append(f"  {p.name:<{width}}  eager  {p.op}{where_op}: its Python runs at every step")
-        else:
-            inside = f"; inside: {p.op}" if p.op else ""
-            covers = f"  {p.span}{inside}" if p.span else ""
-            lines.append(f"  {p.name:<{width}}  graph  {p.num_ops:3d} ops{covers}")
-    return "\n".join(lines)
-
-
 def _short_op(op: str) -> str:
     """``"cglab::unified_attention"`` -> ``"attn"``: the layer kind whose kernel the op is."""
     kinds = {name: kind for kind, name in OP_OF_KIND.items()}
@@ -322,7 +172,7 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
     """
     fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
     ax = fig.add_subplot()
-    rows = [_steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
+    rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
     longest = max((sum(p.num_ops for p in pieces if not p.eager) for pieces in rows), default=0)
     eager_width = max(5.0, 0.05 * longest)  # wide enough for its label whatever the scale
     height = 0.55
@@ -354,113 +204,6 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
               loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize="small", frameon=False)
     fig.tight_layout()
     return fig
-
-
-def describe_replays(runner: ModelRunner) -> str:
-    """How often each compiled piece's graph has replayed, per PIECEWISE descriptor it was captured for."""
-    compiled = runner.cudagraph_manager.compiled if runner.cudagraph_manager else None
-    if compiled is None or not compiled.wrappers:
-        raise ConfigError("no compiled PIECEWISE pieces here: build the runner with a policy that captures "
-                          "PIECEWISE graphs and piecewise_flavor='compiled'")
-    descs = list(next(iter(compiled.wrappers.values())).entries)
-    headers = [f"tokens={d.num_tokens}" for d in descs]
-    width = max(len(name) for name in compiled.wrappers)
-    lines = [f"{'replays':<{width}}  " + "  ".join(headers)]
-    for name, wrapper in compiled.wrappers.items():
-        counts = [wrapper.entries[d].replays if d in wrapper.entries else "-" for d in descs]
-        lines.append(f"{name:<{width}}  " + "  ".join(f"{c:>{len(h)}}" for c, h in zip(counts, headers)))
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------ which Python runs at replay
-
-
-class _ReplayTracer:
-    """A profile hook that notes the calls that matter in one step's replay, as an indented tree.
-
-    It starts at ``ModelRunner.execute``, so the runner's own preparation (which runs at every step
-    whatever the mode) is left out. Calls it has no label for are not listed, but their callees are.
-    """
-
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        manager = runner.cudagraph_manager
-        self.compiled = manager.compiled if manager else None
-        self.kernels = _op_of_impl()
-        self.module_names = {id(m): name for name, m in runner.model.named_modules()}
-        self.forward_code = ToyTransformer.forward.__code__
-        self.lines: list[str] = []
-        self.stack: list[tuple[FrameType, bool]] = []  # frames entered since execute; True if listed
-        self.started = self.done = False
-
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if self.done:
-            return
-        if event == "call":
-            if not self.started:
-                if frame.f_code is not ModelRunner.execute.__code__:
-                    return
-                self.started = True
-            label = self.label(frame)
-            if label is not None:
-                depth = sum(listed for _, listed in self.stack)
-                self.lines.append("  " * depth + label)
-            self.stack.append((frame, label is not None))
-        elif event == "return" and self.stack and self.stack[-1][0] is frame:
-            self.stack.pop()
-            self.done = not self.stack  # ModelRunner.execute returned
-
-    def _parent_is_wrapper(self) -> bool:
-        listed = [f for f, shown in self.stack if shown]
-        return bool(listed) and isinstance(listed[-1].f_locals.get("self"), CUDAGraphWrapper)
-
-    def label(self, frame: FrameType) -> str | None:
-        code, this = frame.f_code, frame.f_locals.get("self")
-        if code is ModelRunner.execute.__code__:
-            return f"ModelRunner.execute: {frame.f_locals['prepared'].descriptor} ({_where(self.runner)})"
-        if code in self.kernels:
-            return f"{code.co_name}: the Python body of {self.kernels[code]}, run eagerly"
-        if code.co_name == "replay" and isinstance(this, GraphSegment):
-            return f"graph replay: {this.num_ops} ops, as recorded at capture"
-        if code.co_name == "replay" and isinstance(this, PiecewiseGraph):
-            return "PiecewiseGraph.replay: calls the compiled forward again"
-        if code.co_name == "replay" and isinstance(this, CapturedGraph):
-            return None if self._parent_is_wrapper() else "CapturedGraph.replay: the recorded steps, in order"
-        if code.co_name == "replay" and isinstance(this, EagerStep):
-            return "EagerStep.replay"
-        if code.co_name == "__call__" and isinstance(this, CUDAGraphWrapper):
-            mode = get_forward_context().cg_mode
-            if mode is this.runtime_mode:
-                return f"CUDAGraphWrapper({this.name}): replays its graph for this descriptor"
-            return f"CUDAGraphWrapper({this.name}): mode {mode.name} is not its own, so it runs the piece"
-        if code.co_name == "forward" and isinstance(this, torch.fx.GraphModule) and self.compiled is not None:
-            if this is self.compiled.split_gm:
-                return "split graph forward (Python generated by the compiler): calls the submodules in order"
-            item = next((i for i in self.compiled.items if i.graph is this), None)
-            if item is None:
-                return None
-            what = "a splitting op" if item.is_splitting_graph else "a piece, run eagerly"
-            return f"{item.submod_name}.forward (generated Python of {what})"
-        if code.co_name == "forward" and isinstance(this, ToyTransformer) and code != self.forward_code:
-            return "ToyTransformer.forward, as rewritten by dynamo: calls the compiled graph"
-        if code.co_name == "forward" and isinstance(this, nn.Module) and id(this) in self.module_names:
-            name = self.module_names[id(this)]
-            return f"{type(this).__name__}.forward" + (f" ({name})" if name else "")
-        return None
-
-
-def trace_replay(runner: ModelRunner, scheduled: Mapping[str, Sequence[int]], eager: bool = False) -> str:
-    """Run one step (``runner.step(scheduled, eager)``) and list the Python calls that run while it
-    executes: the graph machinery, generated code, model modules and op bodies, nested as called.
-    The runner's preparation of the step (buffers, metadata, dispatch) is left out."""
-    tracer = _ReplayTracer(runner)
-    previous: Callable[..., Any] | None = sys.getprofile()
-    sys.setprofile(tracer)
-    try:
-        runner.step(scheduled, eager=eager)
-    finally:
-        sys.setprofile(previous)
-    return "\n".join(tracer.lines)
 
 
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:

@@ -52,8 +52,8 @@ class ReproResult:
 
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's keys, in its order."""
-        keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff",
-                "state_diverged", "error")
+        keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps",
+                "max_abs_diff", "state_diverged", "error")
         data = asdict(self)
         return {k: data[k] for k in keys}
 

@@ -8,8 +8,8 @@ import pytest
 
 from cglab.cli import main
 
-KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff", "state_diverged",
-        "error"]
+KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps", "max_abs_diff",
+        "state_diverged", "error"]
 
 
 def _repro_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

@@ -22,7 +22,7 @@ from torch.fx.passes.split_module import split_module
 
 from cglab.compilation.cuda_graph import CUDAGraphWrapper
 from cglab.errors import CaptureError
-from cglab.graphs import CapturedGraph, EagerStep, GraphBackend
+from cglab.graphs import CapturedGraph, EagerStep, GraphBackend, GraphSegment
 from cglab.graphs.breakable import Step
 
 
@@ -109,14 +109,14 @@ class CglabBackend:
 
     def piecewise_graph(self, desc: Any, run: Callable[[], torch.Tensor], output: torch.Tensor) -> PiecewiseGraph:
         """What capturing ``desc`` made, as one replayable object (see ``PiecewiseGraph``)."""
-        steps: list[Step] = []
+        pieces: list[tuple[str, Step]] = []
         for item in self.items:
             wrapper = self.wrappers.get(item.submod_name)
             if wrapper is None:
-                steps.append(SplittingOpStep(item.submod_name, splitting_op_called(item)))
+                pieces.append((item.submod_name, SplittingOpStep(item.submod_name, splitting_op_called(item))))
             else:
-                steps.extend(wrapper.entries[desc].graph.steps)
-        return PiecewiseGraph(self, desc, steps, run, output)
+                pieces.extend((item.submod_name, step) for step in wrapper.entries[desc].graph.steps)
+        return PiecewiseGraph(self, desc, pieces, run, output)
 
 
 class SplittingOpStep(EagerStep):
@@ -134,10 +134,18 @@ class PiecewiseGraph(CapturedGraph):
     piece's wrapper replays its graph and each splitting op runs eagerly with the live metadata.
     """
 
-    def __init__(self, backend: CglabBackend, desc: Any, steps: list[Step], run: Callable[[], torch.Tensor],
-                 output: torch.Tensor) -> None:
-        super().__init__(backend.graph_backend.name, steps, f"compiled PIECEWISE {desc}")
+    def __init__(self, backend: CglabBackend, desc: Any, pieces: list[tuple[str, Step]],
+                 run: Callable[[], torch.Tensor], output: torch.Tensor) -> None:
+        super().__init__(backend.graph_backend.name, [step for _, step in pieces], f"compiled PIECEWISE {desc}")
+        self.pieces = pieces  # (submodule name, its graph segment or its splitting op), in order
         self._backend, self._desc, self._run, self.output = backend, desc, run, output
+
+    def describe(self) -> str:
+        head, *_ = super().describe().splitlines()
+        lines = [f"{name}: {step.num_ops} ops (graph{', empty' if not step.num_ops else ''})"
+                 if isinstance(step, GraphSegment) else f"{name}: eager {step.name.split(' (')[0]}"
+                 for name, step in self.pieces]
+        return "\n".join([head, *lines])
 
     def replay(self) -> None:
         if self._is_reset:
