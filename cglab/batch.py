@@ -5,7 +5,6 @@ vLLM: ``vllm/v1/worker/gpu/input_batch.py`` and the dispatch in ``cudagraph_util
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,15 +20,24 @@ class BatchExecutionDescriptor:
 
     ``num_reqs is None`` means "any number of requests": PIECEWISE graphs pad only tokens, because
     the attention that runs eagerly between their segments must see the real batch (vLLM PR #49302).
+    ``uniform_token_count`` set means a uniform-decode graph: it serves only batches in which every
+    request has exactly that many new tokens (1 for decode); None serves any mix.
     """
 
     cg_mode: CUDAGraphMode
     num_tokens: int
     num_reqs: int | None = None
+    uniform_token_count: int | None = None
 
     def __str__(self) -> str:
         reqs = "any" if self.num_reqs is None else self.num_reqs
-        return f"{self.cg_mode.name}(tokens={self.num_tokens}, reqs={reqs})"
+        uniform = "" if self.uniform_token_count is None else f", uniform={self.uniform_token_count}"
+        return f"{self.cg_mode.name}(tokens={self.num_tokens}, reqs={reqs}{uniform})"
+
+    def is_compatible(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None) -> bool:
+        """Whether this graph can serve a batch: large enough, and uniform where it requires it."""
+        return ((self.uniform_token_count is None or self.uniform_token_count == uniform_token_count)
+                and (self.num_reqs is None or self.num_reqs >= num_reqs) and self.num_tokens >= num_tokens)
 
 
 @dataclass
@@ -83,47 +91,73 @@ class InputBatch:
 
 
 class CudagraphDispatcher:
-    """Maps a batch to the graph that serves it, through a lookup table built once.
+    """Maps a batch to the graph that serves it (vLLM model runner v2: ``cudagraph_utils.py``).
 
-    A batch runs in the graph of the smallest captured size that holds its tokens; if none does, it
-    runs eagerly. The toy's FULL graphs are decode graphs (one token per request), so a mixed or
-    prefill batch never takes one; under ``FULL_AND_PIECEWISE`` it takes a PIECEWISE graph instead.
+    The policy decides the graphs. ``FULL``: one FULL graph per size for any batch, with
+    ``num_reqs = min(size, max_num_reqs)``. ``FULL_AND_PIECEWISE`` (vLLM's default): uniform-decode FULL
+    graphs (one token per request, so sizes up to ``max_num_reqs``) plus a PIECEWISE graph per size
+    for everything else. ``FULL_DECODE_ONLY``: only the uniform-decode FULL graphs. ``PIECEWISE``: a
+    PIECEWISE graph per size.
+
+    Dispatch walks a candidate list built once per token count: in each mode the graph of the
+    smallest size that holds the tokens, FULL before PIECEWISE. The first compatible candidate wins;
+    none: the batch runs eagerly. So a uniform decode batch that no FULL graph fits falls back to
+    PIECEWISE, and a mixed batch never takes a uniform-decode graph.
     """
 
-    def __init__(self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int) -> None:
+    def __init__(self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int,
+                 decode_query_len: int = 1) -> None:
         self.policy = policy
         self.max_num_reqs = max_num_reqs
-        sizes = sorted(capture_sizes)
-        self.sizes = {
-            CUDAGraphMode.PIECEWISE: sizes,
-            # A uniform decode batch has one token per request, so larger FULL graphs could never be used.
-            CUDAGraphMode.FULL: [s for s in sizes if s <= max_num_reqs],
-        }
-        self._padded: dict[CUDAGraphMode, list[int]] = {
-            mode: [sizes_m[bisect_left(sizes_m, n)] for n in range(1, sizes_m[-1] + 1)] if sizes_m else []
-            for mode, sizes_m in self.sizes.items()
-        }
+        self.decode_query_len = decode_query_len
+        self.descriptors = self._descriptors(sorted(capture_sizes))
+        largest = max((d.num_tokens for d in self.descriptors), default=0)
+        self._candidates = [self._candidates_for(n) for n in range(largest + 1)]
+
+    def _descriptors(self, sizes: list[int]) -> list[BatchExecutionDescriptor]:
+        descs = []
+        separate = self.policy in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE)
+        q = self.decode_query_len
+        for size in sizes:
+            if separate and size % q == 0 and size // q <= self.max_num_reqs:
+                descs.append(BatchExecutionDescriptor(CUDAGraphMode.FULL, size, size // q, uniform_token_count=q))
+            mixed = self.policy.mixed_mode()
+            if mixed is CUDAGraphMode.FULL:  # FULL pads requests too: the graph baked in their count
+                descs.append(BatchExecutionDescriptor(mixed, size, min(size, self.max_num_reqs)))
+            elif mixed is CUDAGraphMode.PIECEWISE:
+                descs.append(BatchExecutionDescriptor(mixed, size, None))
+        return descs
+
+    def _candidates_for(self, num_tokens: int) -> list[BatchExecutionDescriptor]:
+        found = []
+        for mode in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
+            fitting = [d for d in self.descriptors if d.cg_mode is mode and d.num_tokens >= num_tokens]
+            smallest = min((d.num_tokens for d in fitting), default=None)
+            found += [d for d in fitting if d.num_tokens == smallest]
+        return found
+
+    def candidates(self, num_tokens: int) -> list[BatchExecutionDescriptor]:
+        """The graphs a batch of ``num_tokens`` may take, in the order dispatch tries them."""
+        return list(self._candidates[num_tokens]) if 0 < num_tokens < len(self._candidates) else []
 
     def capture_descriptors(self) -> list[BatchExecutionDescriptor]:
         """Every graph to capture: PIECEWISE first (larger activations, so FULL fits in the same pool
         afterwards), then FULL; within a mode, largest first so smaller graphs reuse its memory."""
-        descs = []
-        for mode in self.policy.runtime_modes():
-            for size in sorted(self.sizes[mode], reverse=True):
-                descs.append(self._descriptor(mode, size))
-        return descs
+        return [d for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
+                for d in sorted((d for d in self.descriptors if d.cg_mode is mode), key=lambda d: -d.num_tokens)]
 
-    def dispatch(self, num_reqs: int, num_tokens: int, uniform_decode: bool) -> BatchExecutionDescriptor:
-        """The descriptor for a real batch: padded sizes and the runtime mode (NONE: run eagerly)."""
-        mode = self.policy.decode_mode() if uniform_decode else self.policy.mixed_mode()
-        if mode is CUDAGraphMode.FULL and not uniform_decode:
-            mode = CUDAGraphMode.NONE
-        table = self._padded.get(mode, [])
-        if mode is CUDAGraphMode.NONE or num_tokens > len(table):
-            return BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs)
-        return self._descriptor(mode, table[num_tokens - 1])
+    @property
+    def sizes(self) -> dict[CUDAGraphMode, list[int]]:
+        """Captured token counts per runtime mode."""
+        out: dict[CUDAGraphMode, list[int]] = {}
+        for d in self.descriptors:
+            out.setdefault(d.cg_mode, []).append(d.num_tokens)
+        return out
 
-    def _descriptor(self, mode: CUDAGraphMode, size: int) -> BatchExecutionDescriptor:
-        if mode is CUDAGraphMode.FULL:  # FULL pads requests too: the graph baked in their count
-            return BatchExecutionDescriptor(mode, size, min(size, self.max_num_reqs))
-        return BatchExecutionDescriptor(mode, size, None)
+    def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None) -> BatchExecutionDescriptor:
+        """The descriptor for a real batch (NONE: run eagerly). ``uniform_token_count``: the tokens
+        every request has, for a uniform decode batch; None for any other batch."""
+        for desc in self.candidates(num_tokens):
+            if desc.is_compatible(num_reqs, num_tokens, uniform_token_count):
+                return desc
+        return BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs)

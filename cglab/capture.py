@@ -126,6 +126,7 @@ class CapturedEntry:
     # (deterministic and teachable) rather than freed memory.
     keepalive: CaptureForward
     addresses: dict[str, _Address]  # what the graph reads, as captured; checked before replay
+    replays: int = 0  # steps this graph served (a test whose steps all ran eagerly proves nothing)
 
 
 class CudaGraphManager:
@@ -195,6 +196,7 @@ class CudaGraphManager:
         if self.check_addresses and reads is not None:
             _check_addresses(desc, entry.addresses, reads, source)
         entry.graph.replay()
+        entry.replays += 1
         return entry.output
 
     def _not_captured(self, desc: BatchExecutionDescriptor) -> CaptureError:

@@ -48,7 +48,11 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help="an FA3-like attention kernel that refuses the dummy capture batch")
     p.add_argument("--capture-sizes", type=int_list, default=[1, 2, 4, 8])
     p.add_argument("--batch-sizes", type=int_list, default=[3, 1, 8], help="decode batch sizes, cycled")
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=16, help="steps after the eager prefill; with --prefill-chunk, all steps")
+    p.add_argument("--prefill-chunk", type=int, default=0,
+                   help="0: prefill eagerly first; N: prompts enter the engine N tokens a step, mixed with decodes")
+    p.add_argument("--uniform-decode-by-shape", action="store_true",
+                   help="classify uniform decode by batch shape alone, as vLLM did before PR #51865")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -62,7 +66,8 @@ def _run_repro(args: argparse.Namespace) -> int:
     result = run_repro(args.mode, legacy_skip_attn=args.legacy_skip_attn, piecewise_flavor=args.piecewise_flavor,
                        splitting_ops=args.splitting_ops, layers=args.layers, strict_layers=args.strict_layers,
                        strict_attention=args.strict_attention, capture_sizes=args.capture_sizes,
-                       batch_sizes=args.batch_sizes, steps=args.steps, seed=args.seed, device=args.device)
+                       batch_sizes=args.batch_sizes, steps=args.steps, prefill_chunk=args.prefill_chunk,
+                       uniform_decode_by_shape=args.uniform_decode_by_shape, seed=args.seed, device=args.device)
     status = 1 if args.check and (result.diverged or result.error) else 0
     if args.json:
         print(json.dumps(result.to_json()))
@@ -77,8 +82,11 @@ def _run_repro(args: argparse.Namespace) -> int:
         print(f"  ERROR: {result.error}")
     if result.max_abs_diff is not None:
         verdict = "DIVERGED from eager" if result.diverged else "matches eager"
-        print(f"  {result.steps} decode steps: max |replay - eager| = {result.max_abs_diff:.3g}, "
-              f"caches diverged: {result.state_diverged} -> {verdict}")
+        what = f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk else "decode steps"
+        print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager| = "
+              f"{result.max_abs_diff:.3g}, caches diverged: {result.state_diverged} -> {verdict}")
+        if set(result.steps_by_mode) == {"none"} and result.mode != "none":
+            print("  no step replayed a graph: every batch ran eagerly, so this run says nothing about graphs")
     return status
 
 

@@ -214,7 +214,7 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     modes = [m for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if m in dispatcher.policy.runtime_modes()]
     for mode, style in zip(modes, ("-", "--")):
         uniform = mode is CUDAGraphMode.FULL
-        padded = [dispatcher.dispatch(n, n, uniform_decode=uniform) for n in tokens]
+        padded = [dispatcher.dispatch(n, n, uniform_token_count=1 if uniform else None) for n in tokens]
         size = np.array([d.num_tokens if d.cg_mode is not CUDAGraphMode.NONE else np.nan for d in padded])
         ax.step(tokens, size, where="mid", ls=style, label=f"{mode.name} graph size")
         ax.fill_between(tokens, tokens, size, step="mid", alpha=0.15)

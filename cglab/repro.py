@@ -5,7 +5,7 @@ This is what ``python -m cglab repro`` runs, what notebook 04 plots and what the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -41,7 +41,9 @@ class ReproResult:
     backend: str
     captured_sizes: dict[str, list[int]]
     steps: int
-    max_abs_diff: float | None  # replay vs eager logits, over all decode steps
+    prefill_chunk: int  # 0: prompts prefilled eagerly first; N: through the engine, N prompt tokens a step
+    steps_by_mode: dict[str, int]  # how the steps ran: {"full": 10, "piecewise": 5, "none": 1}
+    max_abs_diff: float | None  # replay vs eager logits, over all steps
     state_diverged: bool | None  # any cache/state tensor differs from the reference after the last step
     error: str | None
     # Not in the CLI's JSON contract; for plots and tests.
@@ -52,8 +54,8 @@ class ReproResult:
 
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's keys, in its order."""
-        keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "captured_sizes", "steps",
-                "max_abs_diff", "state_diverged", "error")
+        keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk",
+                "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error")
         data = asdict(self)
         return {k: data[k] for k in keys}
 
@@ -131,27 +133,62 @@ def make_workload(config: ToyConfig, num_steps_tokens: int) -> tuple[list[list[i
     return prompts, decode
 
 
+def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], batch_sizes: Sequence[int],
+             steps: int, prefill_chunk: int) -> Iterator[tuple[dict[str, list[int]], bool]]:
+    """The steps of a repro run, as ``(scheduled, eager)``.
+
+    ``prefill_chunk=0``: every prompt is prefilled eagerly, one request a step, then ``steps`` decode
+    steps; step ``i`` decodes the first ``batch_sizes[i % len(batch_sizes)]`` requests.
+    ``prefill_chunk=N``: ``steps`` steps in all, each with one decode token for every request among
+    the first ``k`` whose prompt is done, plus up to N prompt tokens of the waiting requests, in order
+    (chunked prefill): the first steps are mixed prefill+decode batches.
+    """
+    if prefill_chunk == 0:
+        for i, prompt in enumerate(prompts):
+            yield {f"req{i}": list(prompt)}, True
+    prefilled = [0 if prefill_chunk else len(p) for p in prompts]
+    used = [0] * len(prompts)
+    for step in range(steps):
+        k = batch_sizes[step % len(batch_sizes)]
+        scheduled: dict[str, list[int]] = {}
+        for i in range(k):
+            if prefilled[i] == len(prompts[i]):
+                scheduled[f"req{i}"] = [decode[i][used[i]]]
+                used[i] += 1
+        budget = prefill_chunk
+        for i, prompt in enumerate(prompts):
+            n = min(budget, len(prompt) - prefilled[i])
+            if n > 0:
+                scheduled[f"req{i}"] = list(prompt[prefilled[i]: prefilled[i] + n])
+                prefilled[i] += n
+                budget -= n
+        yield scheduled, False
+
+
 def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool = False,
               piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
               layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
               capture_sizes: Sequence[int] = (1, 2, 4, 8), batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
-              seed: int = 0, device: str = "cpu", **config_overrides: Any) -> ReproResult:
-    """Prefill a pool of requests eagerly, then run ``steps`` decode steps; step ``i`` runs the first
-    ``batch_sizes[i % len(batch_sizes)]`` requests. Compare every step's logits and, at the end, every
-    cache with an eager reference built from the same config.
+              prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
+              **config_overrides: Any) -> ReproResult:
+    """Run the steps of ``schedule`` (eager prefill then decode, or chunked prefill mixed with
+    decode) on a graph runner and on an eager reference. Compare every step's logits and, at the end,
+    every cache.
 
-    ``piecewise_flavor`` and ``splitting_ops`` are ``ModelRunner``'s; ``config_overrides`` go to
-    ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
+    ``piecewise_flavor``, ``splitting_ops`` and ``uniform_decode_by_shape`` are ``ModelRunner``'s;
+    ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(piecewise_flavor)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, **config_overrides)
     resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before the reference is built
-    result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, None,
-                         None, None, tolerance=tolerance(config.dtype))
+    _check_prefill_chunk(prefill_chunk, config, batch_sizes)
+    result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps,
+                         prefill_chunk, {}, None, None, None, tolerance=tolerance(config.dtype))
     reference = ModelRunner(config, "none", device=device)
     try:
         runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn,
-                             piecewise_flavor=flavor, splitting_ops=splitting_ops)
+                             piecewise_flavor=flavor, splitting_ops=splitting_ops,
+                             uniform_decode_by_shape=uniform_decode_by_shape)
     except CglabError as exc:  # a strict layer refusing to capture is a finding, not a crash
         result.error = f"{type(exc).__name__}: {exc}"
         if cg_mode is not CUDAGraphMode.NONE:
@@ -164,18 +201,16 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     try:
         for i, prompt in enumerate(prompts):
             for r in (runner, reference):
-                r.add_request(f"req{i}")
-                r.step({f"req{i}": prompt}, eager=True)
-        used = [0] * len(prompts)
-        for step in range(steps):
-            k = batch_sizes[step % len(batch_sizes)]
-            scheduled = {f"req{i}": [decode[i][used[i]]] for i in range(k)}
-            for i in range(k):
-                used[i] += 1
-            out = runner.step(scheduled)
-            ref = reference.step(scheduled)
+                r.add_request(f"req{i}", num_prompt_tokens=len(prompt))
+        for scheduled, eager in schedule(prompts, decode, batch_sizes, steps, prefill_chunk):
+            out = runner.step(scheduled, eager=eager)
+            ref = reference.step(scheduled, eager=True)
+            if eager:
+                continue
             result.step_diffs.append((out.logits.float() - ref.logits.float()).abs().max().item())
             result.step_modes.append(str(out.descriptor))
+            mode_name = out.descriptor.cg_mode.value
+            result.steps_by_mode[mode_name] = result.steps_by_mode.get(mode_name, 0) + 1
     except CglabError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -184,3 +219,10 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     result.state_diffs = state_differences(runner, reference)
     result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
     return result
+
+
+def _check_prefill_chunk(prefill_chunk: object, config: ToyConfig, batch_sizes: Sequence[int]) -> None:
+    limit = config.max_num_batched_tokens - max(batch_sizes)
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 0 <= prefill_chunk <= limit:
+        raise ConfigError(f"prefill_chunk must be an integer from 0 (prefill eagerly first) to {limit} (what a step "
+                          f"holds beside its decode tokens), got {prefill_chunk!r}")

@@ -37,6 +37,13 @@ class RequestState:
     req_id: str
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    num_prompt_tokens: int | None = None  # None: the first step carries the whole prompt
+
+    def is_prefilling(self) -> bool:
+        """Whether this request's next step still carries prompt tokens."""
+        if self.num_prompt_tokens is None:
+            return self.num_computed_tokens == 0
+        return self.num_computed_tokens < self.num_prompt_tokens
 
     def slot(self, position: int, block_size: int) -> int:
         """The cache slot of the token at ``position``: its block, then its offset in the block."""

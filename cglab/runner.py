@@ -24,7 +24,7 @@ from cglab.capture import (
     prepare_inputs_to_capture_legacy,
 )
 from cglab.compilation import CglabBackend, CompiledModel
-from cglab.config import CUDAGraphMode, ToyConfig, parse_piecewise_flavor, resolve_splitting_ops
+from cglab.config import CUDAGraphMode, ToyConfig, check_positive_int, parse_piecewise_flavor, resolve_splitting_ops
 from cglab.errors import CapacityError, ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import get_backend
@@ -74,7 +74,7 @@ class ModelRunner:
     def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
                  device: str | torch.device = "cpu", backend: str = "auto", legacy_skip_attn: bool = False,
                  piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
-                 compile_backend: str = "auto",
+                 compile_backend: str = "auto", uniform_decode_by_shape: bool = False,
                  builders: dict[str, MetadataBuilder] | None = None,
                  progress: Callable[[BatchExecutionDescriptor], None] | None = None,
                  check_addresses: bool | None = None) -> None:
@@ -87,6 +87,10 @@ class ModelRunner:
         ``compile_backend``: how compiled pieces are compiled, ``"inductor"`` or ``"eager"`` (the FX
         piece as it is); ``"auto"`` is inductor on CUDA, eager on the CPU (no C++ toolchain needed).
 
+        ``uniform_decode_by_shape=True`` classifies a batch as uniform decode from its shape alone, as
+        vLLM did before PR #51865: a prompt chunk of one token per request then takes a decode graph.
+        Since #51865 a batch in which any request is still prefilling is never uniform decode.
+
         ``check_addresses``: before every replay, check that each tensor the graph read at capture
         was written in place, not replaced (``AddressChangedError``). ``None``: on for the simulator,
         off for real CUDA graphs (where it would cost time in every measured step).
@@ -94,8 +98,10 @@ class ModelRunner:
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
                               "build one with ToyConfig(layers='sconv,attn', ...)")
-        if not isinstance(legacy_skip_attn, bool):
-            raise ConfigError(f"legacy_skip_attn must be True or False, got {legacy_skip_attn!r}")
+        for name, flag in (("legacy_skip_attn", legacy_skip_attn),
+                           ("uniform_decode_by_shape", uniform_decode_by_shape)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {flag!r}")
         if not isinstance(check_addresses, (bool, type(None))):
             raise ConfigError(f"check_addresses must be True, False or None (the backend's default), "
                               f"got {check_addresses!r}")
@@ -105,6 +111,7 @@ class ModelRunner:
         self.device = resolve_device(device)
         self.cudagraph_mode = CUDAGraphMode.parse(cudagraph_mode)
         self.legacy_skip_attn = legacy_skip_attn
+        self.uniform_decode_by_shape = uniform_decode_by_shape
         self.piecewise_flavor = parse_piecewise_flavor(piecewise_flavor)
         self.use_breakable_cg = self.piecewise_flavor == "breakable"
         self.splitting_ops = resolve_splitting_ops(splitting_ops, config.layers, self.piecewise_flavor)
@@ -183,10 +190,14 @@ class ModelRunner:
         return " (ModelRunner.input_buffers)"
 
     # ------------------------------------------------------------ requests
-    def add_request(self, req_id: str) -> None:
+    def add_request(self, req_id: str, num_prompt_tokens: int | None = None) -> None:
+        """Admit a request. ``num_prompt_tokens``: its prompt length, when the prompt may arrive in
+        chunks over several steps; None: its first step carries the whole prompt."""
         if req_id in self.requests:
             raise ConfigError(f"request {req_id!r} already exists; use a new id or free_request() it first")
-        self.requests[req_id] = RequestState(req_id)
+        if num_prompt_tokens is not None:
+            check_positive_int("num_prompt_tokens", num_prompt_tokens)
+        self.requests[req_id] = RequestState(req_id, num_prompt_tokens=num_prompt_tokens)
 
     def free_request(self, req_id: str) -> None:
         self.block_pool.free(self._request(req_id).block_ids)
@@ -215,7 +226,7 @@ class ModelRunner:
             self._reserve_blocks(r, s)
         num_reqs, num_tokens = len(reqs), sum(query_lens)
         desc = (BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs) if eager
-                else self.dispatcher.dispatch(num_reqs, num_tokens, uniform_decode=max(query_lens) == 1))
+                else self.dispatcher.dispatch(num_reqs, num_tokens, self._uniform_token_count(reqs, query_lens)))
         graph = desc.cg_mode is not CUDAGraphMode.NONE
         num_tokens_padded = desc.num_tokens if graph else num_tokens
         num_reqs_padded = (desc.num_reqs or num_reqs) if graph else num_reqs
@@ -230,6 +241,15 @@ class ModelRunner:
         slot_mapping = self.block_tables.write_slot_mappings(slots, num_tokens_padded)
         attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, self.attn_groups, for_capture=False)
         return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
+
+    def _uniform_token_count(self, reqs: Sequence[RequestState], query_lens: Sequence[int]) -> int | None:
+        """The tokens every request has in a uniform decode batch, else None (vLLM:
+        ``get_uniform_decode_token_count``): equal query lengths, and no request still prefilling."""
+        max_query_len = max(query_lens)
+        if sum(query_lens) != max_query_len * len(query_lens):
+            return None
+        has_prefill = any(r.is_prefilling() for r in reqs)
+        return max_query_len if self.uniform_decode_by_shape or not has_prefill else None
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
         """Replay the graph ``prepared`` was dispatched to, or run eagerly. Returns the padded output,

@@ -57,9 +57,9 @@ def test_guard_can_be_switched_off() -> None:
 
 
 def test_eager_steps_are_not_guarded() -> None:
-    runner = _runner("full")
+    runner = _runner("full_decode_only")
     REPLACEMENTS["input_ids (ModelRunner.input_buffers)"](runner)
-    runner.step({"a": [4, 5]})  # a prefill chunk: FULL graphs serve decode only, so this runs eagerly
+    runner.step({"a": [4, 5]})  # a prefill chunk: FULL_DECODE_ONLY runs it eagerly
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)")

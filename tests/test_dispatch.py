@@ -1,46 +1,86 @@
-"""Padding and dispatch: which graph serves which batch."""
+"""Padding and dispatch: which graph serves which batch, under every policy (vLLM model runner v2)."""
 
 import pytest
 
-from cglab import BatchExecutionDescriptor, CUDAGraphMode, CudagraphDispatcher
+from cglab import BatchExecutionDescriptor, CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig
 from cglab.config import default_capture_sizes
 
 NONE, PW, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
+FAP, FDO = CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY
+DECODE = 1  # uniform_token_count of a decode batch; None for any other batch
 
 
 def test_piecewise_pads_tokens_not_requests():
     d = CudagraphDispatcher(PW, [1, 2, 4, 8], max_num_reqs=8)
-    assert d.dispatch(3, 3, uniform_decode=True) == BatchExecutionDescriptor(PW, 4, None)
-    assert d.dispatch(2, 7, uniform_decode=False) == BatchExecutionDescriptor(PW, 8, None)
+    assert d.dispatch(3, 3, DECODE) == BatchExecutionDescriptor(PW, 4, None)
+    assert d.dispatch(2, 7, None) == BatchExecutionDescriptor(PW, 8, None)
 
 
-def test_full_pads_tokens_and_requests():
-    d = CudagraphDispatcher(FULL, [1, 2, 4, 8], max_num_reqs=8)
-    assert d.dispatch(3, 3, uniform_decode=True) == BatchExecutionDescriptor(FULL, 4, 4)
-    assert d.dispatch(5, 5, uniform_decode=True) == BatchExecutionDescriptor(FULL, 8, 8)
+def test_full_pads_tokens_and_requests_and_serves_mixed_batches():
+    """Plain FULL is not decode-only: FULL(size, num_reqs=min(size, max_num_reqs)) for every size."""
+    d = CudagraphDispatcher(FULL, [1, 2, 4, 8], max_num_reqs=6)
+    assert d.dispatch(3, 3, DECODE) == BatchExecutionDescriptor(FULL, 4, 4)
+    assert d.dispatch(5, 5, DECODE) == BatchExecutionDescriptor(FULL, 8, 6)
+    assert d.dispatch(2, 7, None) == BatchExecutionDescriptor(FULL, 8, 6)  # a prefill chunk plus a decode
 
 
-def test_too_large_or_mixed_runs_eagerly():
-    d = CudagraphDispatcher(FULL, [1, 2, 4], max_num_reqs=8)
-    assert d.dispatch(5, 5, uniform_decode=True).cg_mode is NONE
-    assert d.dispatch(2, 4, uniform_decode=False).cg_mode is NONE  # a FULL graph is a decode graph
-    assert CudagraphDispatcher(PW, [1, 2, 4], 8).dispatch(3, 9, False) == BatchExecutionDescriptor(NONE, 9, 3)
+def test_full_and_piecewise_decode_takes_full_and_mixed_takes_piecewise():
+    d = CudagraphDispatcher(FAP, [1, 2, 4, 8], max_num_reqs=8)
+    assert d.dispatch(3, 3, DECODE) == BatchExecutionDescriptor(FULL, 4, 4, uniform_token_count=1)
+    assert d.dispatch(2, 3, None) == BatchExecutionDescriptor(PW, 4, None)
+    assert d.dispatch(2, 4, 2) == BatchExecutionDescriptor(PW, 4, None)  # uniform, but not one token each
 
 
-def test_full_and_piecewise_policy():
-    d = CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 2, 4], max_num_reqs=4)
-    assert d.dispatch(2, 2, uniform_decode=True).cg_mode is FULL
-    assert d.dispatch(2, 3, uniform_decode=False).cg_mode is PW
+def test_decode_that_no_full_graph_fits_falls_back_to_piecewise():
+    """FULL decode graphs stop at max_num_reqs requests: 5 decodes find FULL(4) too small, FULL(8)
+    not captured (8 > max_num_reqs), so the candidate list moves on to PIECEWISE."""
+    d = CudagraphDispatcher(FAP, [1, 2, 4, 8], max_num_reqs=6)
+    assert [str(c) for c in d.candidates(5)] == ["PIECEWISE(tokens=8, reqs=any)"]
+    assert [str(c) for c in d.candidates(3)] == ["FULL(tokens=4, reqs=4, uniform=1)", "PIECEWISE(tokens=4, reqs=any)"]
+    assert d.dispatch(5, 5, DECODE) == BatchExecutionDescriptor(PW, 8, None)
+
+
+def test_full_decode_only_runs_mixed_batches_eagerly():
+    d = CudagraphDispatcher(FDO, [1, 2, 4, 8], max_num_reqs=8)
+    assert d.dispatch(4, 4, DECODE).cg_mode is FULL
+    assert d.dispatch(2, 4, None) == BatchExecutionDescriptor(NONE, 4, 2)
+
+
+def test_too_large_runs_eagerly():
+    assert CudagraphDispatcher(PW, [1, 2, 4], 8).dispatch(3, 9, None) == BatchExecutionDescriptor(NONE, 9, 3)
+    assert CudagraphDispatcher(FULL, [1, 2, 4], 8).dispatch(5, 5, DECODE).cg_mode is NONE
 
 
 def test_capture_order_piecewise_first_then_full_largest_first():
-    d = CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 2, 4, 8], max_num_reqs=4)
+    d = CudagraphDispatcher(FAP, [1, 2, 4, 8], max_num_reqs=4)
     order = [(x.cg_mode, x.num_tokens) for x in d.capture_descriptors()]
     assert order == [(PW, 8), (PW, 4), (PW, 2), (PW, 1), (FULL, 4), (FULL, 2), (FULL, 1)]
 
 
 def test_none_policy_captures_nothing():
     assert CudagraphDispatcher(NONE, [1, 2], 2).capture_descriptors() == []
+
+
+def _runner_with_prompts(policy: str, **kwargs) -> ModelRunner:
+    runner = ModelRunner(ToyConfig(layers="sconv,attn", max_num_reqs=4, capture_sizes=(1, 2, 4)), policy, **kwargs)
+    runner.add_request("old")
+    runner.step({"old": [1, 2, 3]}, eager=True)
+    runner.add_request("new", num_prompt_tokens=3)  # its prompt arrives a token a step
+    return runner
+
+
+def test_a_prompt_chunk_shaped_like_decode_is_not_uniform_decode():
+    """Since vLLM PR #51865 a batch with a request still prefilling never takes a decode graph."""
+    runner = _runner_with_prompts("full_and_piecewise")
+    assert str(runner.step({"old": [4], "new": [5]}).descriptor) == "PIECEWISE(tokens=2, reqs=any)"
+    assert str(runner.step({"old": [6], "new": [7]}).descriptor) == "PIECEWISE(tokens=2, reqs=any)"
+    assert str(runner.step({"old": [8], "new": [9]}).descriptor) == "PIECEWISE(tokens=2, reqs=any)"  # last prompt token
+    assert str(runner.step({"old": [1], "new": [2]}).descriptor) == "FULL(tokens=2, reqs=2, uniform=1)"  # decoding
+
+
+def test_before_51865_the_shape_alone_decided():
+    runner = _runner_with_prompts("full_and_piecewise", uniform_decode_by_shape=True)
+    assert str(runner.step({"old": [4], "new": [5]}).descriptor) == "FULL(tokens=2, reqs=2, uniform=1)"
 
 
 def test_default_capture_sizes_ladder():

@@ -10,7 +10,7 @@ from cglab.draw import draw_graph_anatomy
 
 CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 4))
 PIECEWISE_4 = BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, 4)
-FULL_4 = BatchExecutionDescriptor(CUDAGraphMode.FULL, 4, 4)
+FULL_4 = BatchExecutionDescriptor(CUDAGraphMode.FULL, 4, 4, uniform_token_count=1)
 ATTN, SCONV = "cglab::unified_attention", "cglab::short_conv"
 WHERE = {"cpu": "simulator", "cuda": "cuda"}  # how output names the graph backend
 
@@ -122,7 +122,7 @@ def test_trace_shows_the_python_that_runs_at_replay(device):
     ]  # no module's forward: they ran once, when dynamo traced them
     full = trace_replay(compiled, {"r0": [4], "r1": [5], "r2": [6]}).splitlines()
     full_ops = compiled.cudagraph_manager.graphs[FULL_4].graph.num_ops
-    assert full == [f"ModelRunner.execute: FULL(tokens=4, reqs=4) ({WHERE[device]})",
+    assert full == [f"ModelRunner.execute: FULL(tokens=4, reqs=4, uniform=1) ({WHERE[device]})",
                     "  CapturedGraph.replay: the recorded steps, in order",
                     f"    graph replay: {full_ops} ops, as recorded at capture"]
     assert compiled.requests["r0"].num_computed_tokens == 5  # the traced steps really ran

@@ -26,7 +26,7 @@ def engines(draw: st.DrawFn) -> tuple[ToyConfig, CUDAGraphMode, str]:
         layers=tuple(draw(st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3))),
         hidden_size=16, num_heads=2, vocab_size=32, block_size=4,
         max_num_reqs=draw(st.integers(1, MAX_REQS)),
-        max_model_len=MAX_STEPS * MAX_QUERY, num_blocks=MAX_REQS * MAX_STEPS * MAX_QUERY // 4,
+        max_model_len=(MAX_STEPS + 2) * MAX_QUERY, num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
         capture_sizes=tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True))),
         sconv_kernel_size=draw(st.integers(2, 4)), compress_ratio=draw(st.sampled_from([2, 4])),
         strict_layers=draw(st.booleans()), seed=draw(st.integers(0, 3)),
@@ -35,7 +35,9 @@ def engines(draw: st.DrawFn) -> tuple[ToyConfig, CUDAGraphMode, str]:
 
 
 def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
-    """Each step: the query length of requests 0..k-1 (1 is a decode token, more a prompt chunk)."""
+    """Each step: a token budget for requests 0..k-1. A request still prefilling gets a prompt chunk of
+    that many tokens (at most what is left of its prompt); a request past its prompt gets one decode
+    token. So steps mix prompt chunks and decodes, as chunked prefill schedules them."""
     query_len = st.one_of(st.just(1), st.integers(1, MAX_QUERY))
     return st.lists(st.lists(query_len, min_size=1, max_size=max_num_reqs), min_size=1, max_size=MAX_STEPS)
 
@@ -44,41 +46,60 @@ def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
 @given(data=st.data())
 def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) -> None:
     config, mode, flavor = data.draw(engines())
-    plan = data.draw(step_plans(config.max_num_reqs))
+    prompts = data.draw(st.lists(st.integers(1, 2 * MAX_QUERY), min_size=config.max_num_reqs,
+                                 max_size=config.max_num_reqs))
+    # Ends with request 0 alone: the rest of its prompt (if any), then surely a decode step.
+    plan = data.draw(step_plans(config.max_num_reqs)) + [[2 * MAX_QUERY], [1]]
     runner = ModelRunner(config, mode, piecewise_flavor=flavor)
     reference = ModelRunner(config, "none")
-    for i in range(config.max_num_reqs):
+    for i, prompt_len in enumerate(prompts):
         for r in (runner, reference):
-            r.add_request(f"r{i}")
-    for step, query_lens in enumerate(plan):
-        batch = {f"r{i}": [(7 * step + 3 * i + j) % config.vocab_size for j in range(q)]
-                 for i, q in enumerate(query_lens)}
+            r.add_request(f"r{i}", num_prompt_tokens=prompt_len)
+    done = [0] * len(prompts)
+    graph_steps = 0
+    for step, budgets in enumerate(plan):
+        lens = [min(b, p - d) if d < p else 1 for b, p, d in zip(budgets, prompts, done)]
+        batch = {f"r{i}": [(7 * step + 3 * i + j) % config.vocab_size for j in range(q)] for i, q in enumerate(lens)}
         out, ref = runner.step(batch), reference.step(batch)
         diff = (out.logits - ref.logits).abs().max().item()
         assert diff < TOLERANCE, f"step {step} ran as {out.descriptor}: |replay - eager| = {diff}"
+        graph_steps += out.descriptor.cg_mode is not CUDAGraphMode.NONE
+        done = [d + q for d, q in zip(done, lens)]
     worst = {name: d for name, d in state_differences(runner, reference).items() if d >= TOLERANCE}
     assert not worst, worst
+    # Graphs really served the steps that dispatch sent to them, and some step was served, unless no
+    # graph could take even the closing one-token step.
+    manager = runner.cudagraph_manager
+    assert sum(e.replays for e in manager.graphs.values()) == graph_steps if manager else graph_steps == 0
+    if manager and any(d.is_compatible(1, 1, 1) for d in runner.dispatcher.capture_descriptors()):
+        assert graph_steps > 0
     runner.close()
 
 
 @settings(CI, max_examples=200)
 @given(sizes=st.lists(st.integers(1, 64), min_size=1, max_size=6, unique=True), max_num_reqs=st.integers(1, 16),
-       num_reqs=st.integers(1, 16), query_len=st.integers(1, 8), policy=st.sampled_from(list(CUDAGraphMode)))
-def test_dispatch_picks_the_smallest_captured_size_that_fits(sizes: list[int], max_num_reqs: int, num_reqs: int,
-                                                             query_len: int, policy: CUDAGraphMode) -> None:
+       num_reqs=st.integers(1, 16), query_len=st.integers(1, 8), prefilling=st.booleans(),
+       policy=st.sampled_from(list(CUDAGraphMode)))
+def test_dispatch_picks_the_first_compatible_candidate(sizes: list[int], max_num_reqs: int, num_reqs: int,
+                                                       query_len: int, prefilling: bool, policy: CUDAGraphMode) -> None:
     num_reqs = min(num_reqs, max_num_reqs)
     num_tokens = num_reqs * query_len
+    uniform = None if prefilling else query_len
     dispatcher = CudagraphDispatcher(policy, sizes, max_num_reqs)
-    desc = dispatcher.dispatch(num_reqs, num_tokens, uniform_decode=query_len == 1)
+    desc = dispatcher.dispatch(num_reqs, num_tokens, uniform)
+    fitting = [d for d in dispatcher.capture_descriptors() if d.is_compatible(num_reqs, num_tokens, uniform)]
     if desc.cg_mode is CUDAGraphMode.NONE:
         assert (desc.num_tokens, desc.num_reqs) == (num_tokens, num_reqs)
+        assert not fitting  # eager only when no captured graph could serve the batch
         return
-    assert desc in dispatcher.capture_descriptors()  # only ever a graph that exists
-    fitting = [s for s in dispatcher.sizes[desc.cg_mode] if s >= num_tokens]
-    assert desc.num_tokens == min(fitting)
-    if desc.cg_mode is CUDAGraphMode.FULL:
-        assert query_len == 1 and num_reqs <= desc.num_reqs <= max_num_reqs
-    else:
+    assert desc in fitting  # only ever a graph that exists and fits
+    same_mode = [d.num_tokens for d in fitting if d.cg_mode is desc.cg_mode]
+    assert desc.num_tokens == min(same_mode)  # the smallest one of its mode
+    if any(d.cg_mode is CUDAGraphMode.FULL for d in fitting):
+        assert desc.cg_mode is CUDAGraphMode.FULL  # FULL before PIECEWISE
+    if desc.uniform_token_count is not None:
+        assert uniform == 1 and desc.num_reqs == desc.num_tokens  # a decode graph, for decode batches only
+    if desc.cg_mode is CUDAGraphMode.PIECEWISE:
         assert desc.num_reqs is None  # PIECEWISE pads tokens only
 
 

@@ -137,7 +137,7 @@ def test_text_pictures():
     decode_scenario(runner, 0)
     assert describe_requests(runner).splitlines()[0] == "req0:  5 tokens in blocks 0 (slots 0-3), 1 (slots 4-7)"
     text = describe_step(runner.prepare_step({"req0": [1], "req1": [1], "req2": [1]}))
-    assert text.splitlines() == ["FULL(tokens=4, reqs=4): 3 real token(s) in 3 request(s)",
+    assert text.splitlines() == ["FULL(tokens=4, reqs=4, uniform=1): 3 real token(s) in 3 request(s)",
                                  "  query_start_loc [0, 1, 2, 3, 3]", "  seq_lens        [6, 10, 4, 0]",
                                  "  slot_mapping    [5, 17, 23, -1]"]
     assert "graph backend: sim" in describe_environment("cpu")
