@@ -2,13 +2,16 @@
 
 Every function returns a ``matplotlib.figure.Figure`` that pyplot does not manage, so a notebook
 shows it once (as the cell's value) and a test can draw it with no display at all. Text pictures
-(``describe_requests``, ``describe_step``; a graph's pieces are in ``cglab.anatomy``) return
+(``describe_requests``, ``describe_step``, ``describe_dispatch``; a graph's pieces are in
+``cglab.anatomy``) return
 strings, so notebooks can print them and nbval can check them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -22,8 +25,8 @@ from cglab.graphs import CapturedGraph
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["describe_environment", "describe_requests", "describe_step", "draw_caches", "draw_divergence",
-           "draw_graph_anatomy", "draw_padding"]
+__all__ = ["BatchShape", "describe_dispatch", "describe_environment", "describe_requests", "describe_step",
+           "draw_caches", "draw_divergence", "draw_graph_anatomy", "draw_padding"]
 
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
 _FREE = (1.0, 1.0, 1.0)
@@ -204,6 +207,66 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
               loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize="small", frameon=False)
     fig.tight_layout()
     return fig
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """A batch as the dispatcher sees it: one query length per request, and which requests are still
+    prefilling (their tokens are prompt tokens, the last chunk of the prompt included).
+
+    ``by_shape=True`` classifies it with the rule from before vLLM PR #51865 (equal query lengths are
+    enough), as ``ModelRunner(..., uniform_decode_by_shape=True)`` does.
+    """
+
+    label: str
+    query_lens: tuple[int, ...]
+    prefilling: tuple[bool, ...] = ()  # per request; missing entries: decoding
+    by_shape: bool = False
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    def uniform_token_count(self) -> int | None:
+        """What the runner passes to dispatch: the tokens per request of a uniform decode batch, else None."""
+        flags = tuple(self.prefilling) + (False,) * (self.num_reqs - len(self.prefilling))
+        reqs = [SimpleNamespace(is_prefilling=lambda f=f: f) for f in flags]
+        # The runner's own rule, not a copy of it: it reads only the switch and the requests' state.
+        runner = SimpleNamespace(uniform_decode_by_shape=self.by_shape)
+        return ModelRunner._uniform_token_count(runner, reqs, self.query_lens)  # type: ignore[arg-type]
+
+
+DISPATCH_POLICIES = (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY,
+                     CUDAGraphMode.PIECEWISE)
+
+
+def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: Sequence[BatchShape],
+                      policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES) -> str:
+    """A table: one row per batch shape, one column per policy, each cell the descriptor dispatch
+    returns (``eager`` where it returns NONE). The ``uniform`` column is the batch's
+    ``uniform_token_count`` (``-``: None)."""
+    dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
+    header = ["batch", "reqs", "tokens", "uniform", *(p.name for p in policies)]
+    rows = [header]
+    for shape in shapes:
+        uniform = shape.uniform_token_count()
+        cells = []
+        for d in dispatchers:
+            desc = d.dispatch(shape.num_reqs, shape.num_tokens, uniform)
+            cells.append("eager" if desc.cg_mode is CUDAGraphMode.NONE else str(desc))
+        rows.append([shape.label, str(shape.num_reqs), str(shape.num_tokens), "-" if uniform is None else str(uniform),
+                     *cells])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}"]
+    for i, row in enumerate(rows):
+        lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:

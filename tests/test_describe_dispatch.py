@@ -1,0 +1,54 @@
+"""``describe_dispatch``: the table of batch shape -> descriptor, per policy, that notebooks 02 and 03 print."""
+
+from cglab import ModelRunner, ToyConfig
+from cglab.draw import BatchShape, describe_dispatch
+
+SIZES, MAX_REQS = (1, 2, 4, 8), 6
+
+
+def _row(table: str, label: str) -> list[str]:
+    [line] = [ln for ln in table.splitlines() if ln.split(" | ")[0].strip() == label]
+    return [c.strip() for c in line.split(" | ")]
+
+
+def test_one_column_per_policy_in_order():
+    table = describe_dispatch(SIZES, MAX_REQS, [BatchShape("3 decodes", (1, 1, 1))])
+    header = [c.strip() for c in table.splitlines()[1].split(" | ")]
+    assert header == ["batch", "reqs", "tokens", "uniform", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY",
+                      "PIECEWISE"]
+
+
+def test_rows_follow_the_dispatch_rules():
+    shapes = [BatchShape("3 decodes", (1, 1, 1)),
+              BatchShape("5 decodes", (1,) * 5),
+              BatchShape("chunk", (4, 1, 1), (True,)),
+              BatchShape("1-token chunk", (1, 1), (True,)),
+              BatchShape("1-token chunk, by shape", (1, 1), (True,), by_shape=True),
+              BatchShape("too large", (8, 1), (True,))]
+    table = describe_dispatch(SIZES, MAX_REQS, shapes)
+    assert _row(table, "3 decodes")[3:] == ["1", "FULL(tokens=4, reqs=4)", "FULL(tokens=4, reqs=4, uniform=1)",
+                                            "FULL(tokens=4, reqs=4, uniform=1)", "PIECEWISE(tokens=4, reqs=any)"]
+    # FULL(8) would need 8 requests > max_num_reqs: the uniform-decode candidates stop at 4, PIECEWISE takes over
+    assert _row(table, "5 decodes")[4:] == ["FULL(tokens=8, reqs=6)", "PIECEWISE(tokens=8, reqs=any)", "eager",
+                                            "PIECEWISE(tokens=8, reqs=any)"]
+    # plain FULL serves a mixed batch; the decode-only policies do not
+    assert _row(table, "chunk")[3:] == ["-", "FULL(tokens=8, reqs=6)", "PIECEWISE(tokens=8, reqs=any)", "eager",
+                                        "PIECEWISE(tokens=8, reqs=any)"]
+    assert _row(table, "1-token chunk")[3:6] == ["-", "FULL(tokens=2, reqs=2)", "PIECEWISE(tokens=2, reqs=any)"]
+    assert _row(table, "1-token chunk, by shape")[3:6] == ["1", "FULL(tokens=2, reqs=2)",
+                                                           "FULL(tokens=2, reqs=2, uniform=1)"]
+    assert _row(table, "too large")[4:] == ["eager"] * 4
+
+
+def test_shapes_are_classified_as_the_runner_classifies_them():
+    """A 1-token prompt chunk beside a decode: the table and a real runner agree, under both rules."""
+    for by_shape in (False, True):
+        runner = ModelRunner(ToyConfig(layers="attn", max_num_reqs=MAX_REQS, capture_sizes=SIZES),
+                             "full_and_piecewise", uniform_decode_by_shape=by_shape)
+        runner.add_request("old")
+        runner.step({"old": [1, 2, 3]}, eager=True)
+        runner.add_request("new", num_prompt_tokens=3)
+        real = str(runner.prepare_step({"old": [4], "new": [5]}).descriptor)
+        table = describe_dispatch(SIZES, MAX_REQS, [BatchShape("x", (1, 1), (False, True), by_shape=by_shape)],
+                                  policies=[runner.dispatcher.policy])
+        assert _row(table, "x")[4] == real
