@@ -90,6 +90,16 @@ class InputBatch:
                    buffers.seq_lens[:num_reqs], max_query_len, max_seq_len)
 
 
+def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool) -> int | None:
+    """The tokens every request has in a uniform decode batch, else None (vLLM's function of this name):
+    equal query lengths and no request still prefilling (since vLLM PR #51865; before it the shape
+    alone decided, so a prompt chunk shaped like decode took a decode graph)."""
+    max_query_len = max(query_lens)
+    if has_prefill or sum(query_lens) != max_query_len * len(query_lens):
+        return None
+    return max_query_len
+
+
 class CudagraphDispatcher:
     """Maps a batch to the graph that serves it (vLLM model runner v2: ``cudagraph_utils.py``).
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -19,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from cglab.anatomy import Piece, steps_as_pieces
-from cglab.batch import CudagraphDispatcher
+from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.config import OP_OF_KIND, CUDAGraphMode
 from cglab.graphs import CapturedGraph
 from cglab.repro import ReproResult
@@ -233,11 +232,8 @@ class BatchShape:
 
     def uniform_token_count(self) -> int | None:
         """What the runner passes to dispatch: the tokens per request of a uniform decode batch, else None."""
-        flags = tuple(self.prefilling) + (False,) * (self.num_reqs - len(self.prefilling))
-        reqs = [SimpleNamespace(is_prefilling=lambda f=f: f) for f in flags]
-        # The runner's own rule, not a copy of it: it reads only the switch and the requests' state.
-        runner = SimpleNamespace(uniform_decode_by_shape=self.by_shape)
-        return ModelRunner._uniform_token_count(runner, reqs, self.query_lens)  # type: ignore[arg-type]
+        has_prefill = not self.by_shape and any(self.prefilling)
+        return get_uniform_decode_token_count(self.query_lens, has_prefill)
 
 
 DISPATCH_POLICIES = (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY,

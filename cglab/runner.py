@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
+from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.capture import (
     CaptureForward,
@@ -243,13 +243,8 @@ class ModelRunner:
         return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
 
     def _uniform_token_count(self, reqs: Sequence[RequestState], query_lens: Sequence[int]) -> int | None:
-        """The tokens every request has in a uniform decode batch, else None (vLLM:
-        ``get_uniform_decode_token_count``): equal query lengths, and no request still prefilling."""
-        max_query_len = max(query_lens)
-        if sum(query_lens) != max_query_len * len(query_lens):
-            return None
-        has_prefill = any(r.is_prefilling() for r in reqs)
-        return max_query_len if self.uniform_decode_by_shape or not has_prefill else None
+        has_prefill = not self.uniform_decode_by_shape and any(r.is_prefilling() for r in reqs)
+        return get_uniform_decode_token_count(query_lens, has_prefill)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
         """Replay the graph ``prepared`` was dispatched to, or run eagerly. Returns the padded output,
