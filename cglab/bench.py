@@ -22,17 +22,13 @@ steps, outside the timed region, so no step re-reads exactly the inputs of the o
 
 from __future__ import annotations
 
-import csv
 import gc
-import io
-import json
 import math
 import os
 import platform
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from bisect import bisect_right
 from collections import Counter
@@ -40,7 +36,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,19 +45,23 @@ from cglab.errors import ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
+from cglab.results import (
+    CSV_COLUMNS,
+    EXTRA_COLUMNS,
+    FORMAT,
+    RUNTIME_MODES,
+    BenchResult,
+    check_output,
+    load_results,
+    result_paths,
+    save_results,
+)
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
-__all__ = ["CSV_COLUMNS", "BenchConfig", "BenchResult", "check_output", "load_results", "result_paths",
-           "run_bench", "save_results"]
+# The results file I/O lives in cglab.results; re-exported so `from cglab.bench import ...` keeps working.
+__all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "RUNTIME_MODES", "BenchConfig", "BenchResult", "check_output",
+           "load_results", "result_paths", "run_bench", "save_results"]
 
-CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
-EXTRA_COLUMNS = ("host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us", "kernel_span_us", "kernels",
-                 "counted_launches", "graph_segments", "eager_breaks", "attn_key_range", "repeats")
-_INT_COLUMNS = frozenset({"batch_size", "launches", "kernels", "counted_launches", "graph_segments", "eager_breaks",
-                          "attn_key_range", "repeats"})
-_STR_COLUMNS = frozenset({"mode", "backend"})
-FORMAT = "cglab-bench/1"
-RUNTIME_MODES = ("none", "piecewise", "full")
 PIECEWISE_FLAVOR = "breakable"  # the flavor every recorded run in data/ measured (uncompiled model)
 MAX_BATCH = 1024
 _MARKER = "cglab.bench/"
@@ -70,6 +69,23 @@ _BLOCK_SIZE = 4
 _ROTATIONS = 8  # distinct token-id sets cycled through the timed steps
 _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
 _REWARM = 3  # untimed steps before each later round
+
+
+# Upper bounds: far above any run that ends in minutes, low enough that a typo (--repeats 1000000000,
+# --hidden-size 1000000) fails here in one line instead of hanging or exhausting memory mid-run.
+_BOUNDS = {"num_heads": (1, 256), "hidden_size": (1, 8192), "repeats": (5, 100_000), "warmup": (0, 10_000),
+           "profile_steps": (1, 100), "prompt_len": (1, 8192), "max_model_len": (2, 8192)}
+MAX_LAYERS = 256
+MAX_MEMORY_GIB = 16  # the whole run, all runners; by this estimate the defaults need about 4 GiB
+
+
+def _memory_estimate(toy: ToyConfig, n_layers: int, n_runners: int) -> int:
+    """Rough bytes the run holds: per runner, weights (about 10 hidden^2 per layer), the paged caches
+    (keys and values of every cache slot) and FULL attention's gather of max_model_len keys per request."""
+    itemsize = 4 if toy.dtype == "float32" else 2
+    h = toy.hidden_size
+    per_layer = 10 * h * h + 2 * toy.num_blocks * toy.block_size * h + 2 * toy.max_num_reqs * toy.max_model_len * h
+    return n_runners * n_layers * per_layer * itemsize
 
 
 @dataclass(frozen=True)
@@ -109,14 +125,23 @@ class BenchConfig:
         if not modes or not modes <= set(RUNTIME_MODES):
             raise ConfigError(f"modes must be some of {', '.join(RUNTIME_MODES)}, got {sorted(modes)}")
         set_(self, "modes", tuple(m for m in RUNTIME_MODES if m in modes))
-        for name, low in (("repeats", 5), ("warmup", 0), ("profile_steps", 1), ("prompt_len", 1)):
+        n_layers = len(self.layers.split(","))
+        if n_layers > MAX_LAYERS:
+            raise ConfigError(f"layers: {n_layers} layers exceed the limit of {MAX_LAYERS}; use a shorter pattern")
+        for name, (low, high) in _BOUNDS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value!r}")
         if self.max_model_len <= self.prompt_len:
             raise ConfigError(f"max_model_len ({self.max_model_len}) must exceed prompt_len ({self.prompt_len}): "
                               "the timed decode step adds one token")
-        self.toy_config()  # validates the model's shape now rather than mid-run
+        toy = self.toy_config()  # validates the model's shape now rather than mid-run
+        gib = _memory_estimate(toy, n_layers, len(self.modes)) / 2**30
+        if gib > MAX_MEMORY_GIB:
+            raise ConfigError(f"this run would need about {gib:.0f} GiB ({len(self.modes)} runners of {n_layers} "
+                              f"layers, hidden {self.hidden_size}, {toy.max_num_reqs} requests of up to "
+                              f"{self.max_model_len} tokens), above the {MAX_MEMORY_GIB} GiB limit; use fewer "
+                              "layers, a smaller hidden_size, fewer modes, smaller batch sizes or max_model_len")
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> BenchConfig:
@@ -133,36 +158,6 @@ class BenchConfig:
                          block_size=_BLOCK_SIZE, num_blocks=pool * blocks_per_request, max_num_reqs=pool,
                          max_model_len=self.max_model_len, max_num_batched_tokens=max(pool, self.prompt_len),
                          capture_sizes=self.batch_sizes, seed=self.seed)
-
-
-@dataclass
-class BenchResult:
-    """Rows (dicts keyed by ``CSV_COLUMNS`` then ``EXTRA_COLUMNS``), the environment and the config."""
-
-    rows: list[dict[str, Any]]
-    environment: dict[str, Any]
-    config: dict[str, Any]
-
-    @property
-    def backend(self) -> str:
-        return str(self.environment.get("backend", "unknown"))
-
-    @property
-    def device_name(self) -> str:
-        return str(self.environment.get("device_name", "unknown device"))
-
-    @property
-    def modes(self) -> list[str]:
-        present = {r["mode"] for r in self.rows}
-        return [m for m in RUNTIME_MODES if m in present]
-
-    def series(self, mode: str, column: str) -> tuple[list[int], list[float]]:
-        """Batch sizes and one column's values for ``mode``, in batch-size order."""
-        rows = sorted((r for r in self.rows if r["mode"] == mode), key=lambda r: r["batch_size"])
-        return [r["batch_size"] for r in rows], [float(r[column]) for r in rows]
-
-    def summary(self) -> dict[str, Any]:
-        return {"backend": self.backend, "device_name": self.device_name, "rows": self.rows}
 
 
 # ----------------------------------------------------------------------------------- running
@@ -539,108 +534,3 @@ def _progress_bar(total: int, enabled: bool) -> Iterator[Callable[..., None]]:
                 bar.update(advance)
 
         yield status
-
-
-# ----------------------------------------------------------------------------------- files
-def result_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """``PATH`` (with or without ``.csv`` / ``.json``) -> (``PATH.csv``, ``PATH.json``)."""
-    base = Path(path)
-    if base.suffix in (".csv", ".json"):
-        base = base.with_suffix("")
-    return base.with_name(base.name + ".csv"), base.with_name(base.name + ".json")
-
-
-def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
-    """Refuse, before any work, to overwrite results unless forced."""
-    existing = [p for p in result_paths(path) if p.exists()]
-    if existing and not force:
-        raise ConfigError(f"{existing[0]} already exists; pass --force (force=True in Python) to overwrite it, "
-                          "or choose another --out path")
-
-
-def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
-    """Write ``PATH.csv`` and ``PATH.json``, each atomically (a temp file, then ``os.replace``).
-
-    On any error neither file is left half-written; if the JSON cannot be placed after the CSV was,
-    the CSV is removed too, so a CSV never lies about its environment.
-    """
-    check_output(path, force)
-    csv_path, json_path = result_paths(path)
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    columns = [*CSV_COLUMNS, *(c for c in EXTRA_COLUMNS if any(c in r for r in result.rows))]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in result.rows:
-        writer.writerow({c: _format(row.get(c, math.nan)) for c in columns})
-    sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config, "columns": columns}
-    temps: list[Path] = []
-    placed: list[Path] = []
-    try:
-        for target, text in ((csv_path, buffer.getvalue()), (json_path, json.dumps(sidecar, indent=2) + "\n")):
-            temps.append(_write_temp(target, text))
-        for temp, target in zip(temps, (csv_path, json_path)):
-            os.replace(temp, target)
-            placed.append(target)
-    except BaseException:
-        for temp in temps:
-            temp.unlink(missing_ok=True)
-        if len(placed) == 1:
-            placed[0].unlink(missing_ok=True)
-        raise
-    return csv_path, json_path
-
-
-def _write_temp(target: Path, text: str) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-    return Path(name)
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.3f}"
-    return str(value)
-
-
-def load_results(path: str | os.PathLike[str]) -> BenchResult:
-    """Read ``PATH.csv`` and ``PATH.json`` back (``PATH`` with or without either suffix)."""
-    csv_path, json_path = result_paths(path)
-    for p in (csv_path, json_path):
-        if not p.is_file():
-            raise ConfigError(f"no benchmark results at {p}; check the path, or make them with "
-                              f"`python -m cglab bench --out {csv_path.with_suffix('')}`")
-    try:
-        with open(csv_path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ValueError(f"missing column(s) {', '.join(missing)}")
-            rows = [{k: _parse(k, v) for k, v in row.items()} for row in reader]
-        sidecar = json.loads(json_path.read_text(encoding="utf-8"))
-        if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT:
-            raise ValueError(f"{json_path.name} is not a {FORMAT} sidecar")
-        return BenchResult(rows, dict(sidecar["environment"]), dict(sidecar["config"]))
-    except (ValueError, KeyError, TypeError, csv.Error) as exc:
-        raise ConfigError(f"{csv_path.with_suffix('')} is not a readable cglab bench result: {exc}") from None
-
-
-def _parse(column: str | None, text: str | None) -> Any:
-    if column is None or text is None:
-        raise ValueError("a row has a different number of fields than the header")
-    if column in _STR_COLUMNS:
-        return text
-    if column not in _INT_COLUMNS and column not in CSV_COLUMNS and column not in EXTRA_COLUMNS:
-        try:  # a column added by a later version: keep it, typed if it is a number
-            return float(text)
-        except ValueError:
-            return text
-    value = float(text)
-    return int(value) if column in _INT_COLUMNS and not math.isnan(value) else value

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from cglab import bench  # noqa: E402
+from cglab import results  # noqa: E402
 from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, save_results  # noqa: E402
 from cglab.cli import main  # noqa: E402
 from cglab.errors import ConfigError  # noqa: E402
@@ -91,20 +91,20 @@ def small_result() -> BenchResult:
 
 def test_atomic_write_leaves_nothing_on_error(tmp_path: Path, small_result: BenchResult,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    real_replace = bench.os.replace
+    real_replace = results.os.replace
 
     def failing_replace(src: str, dst: str) -> None:
         if str(dst).endswith(".json"):
             raise OSError("disk full")
         real_replace(src, dst)
 
-    monkeypatch.setattr(bench.os, "replace", failing_replace)
+    monkeypatch.setattr(results.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         save_results(small_result, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []  # no CSV without its JSON, no temp files
 
     (tmp_path / "old.csv").write_text("old")
-    monkeypatch.setattr(bench.json, "dumps", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(results.json, "dumps", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         save_results(small_result, tmp_path / "old", force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["old.csv"] and (tmp_path / "old.csv").read_text() == "old"

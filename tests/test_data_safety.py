@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cglab import ConfigError, bench
+from cglab import ConfigError, results
 from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
 
 
@@ -45,7 +45,7 @@ def test_writes_go_to_a_temporary_file_then_are_renamed(tmp_path: Path, result: 
         renames.append(dst.name)
         real_replace(src, dst)
 
-    monkeypatch.setattr(bench.os, "replace", spy)
+    monkeypatch.setattr(results.os, "replace", spy)
     save_results(result, tmp_path / "run", force=True)
     assert sorted(renames) == ["run.csv", "run.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]  # no temporary file left

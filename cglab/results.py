@@ -1,0 +1,273 @@
+"""Benchmark results on disk: ``PATH.csv`` (one row per mode and batch size) and ``PATH.json``
+(the environment and the config that produced them).
+
+A pair is written whole or not at all, and a pair is read back only if it is complete and sane:
+a plot of a cut-short or edited CSV would silently tell the wrong story.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cglab.errors import ConfigError
+
+__all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "RUNTIME_MODES", "BenchResult", "check_output", "load_results",
+           "result_paths", "save_results"]
+
+CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
+EXTRA_COLUMNS = ("host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us", "kernel_span_us", "kernels",
+                 "counted_launches", "graph_segments", "eager_breaks", "attn_key_range", "repeats")
+_INT_COLUMNS = frozenset({"batch_size", "launches", "kernels", "counted_launches", "graph_segments", "eager_breaks",
+                          "attn_key_range", "repeats"})
+_STR_COLUMNS = frozenset({"mode", "backend"})
+# Timed in every row; kernel_floor_us and kernel_span_us may be nan (the profiler saw no GPU work).
+_MEASURED = frozenset({"median_us", "p10_us", "p90_us", "host_median_us", "host_p10_us", "host_p90_us",
+                       "enqueue_median_us"})
+FORMAT = "cglab-bench/1"
+RUNTIME_MODES = ("none", "piecewise", "full")
+
+
+@dataclass
+class BenchResult:
+    """Rows (dicts keyed by ``CSV_COLUMNS`` then ``EXTRA_COLUMNS``), the environment and the config."""
+
+    rows: list[dict[str, Any]]
+    environment: dict[str, Any]
+    config: dict[str, Any]
+
+    @property
+    def backend(self) -> str:
+        return str(self.environment.get("backend", "unknown"))
+
+    @property
+    def device_name(self) -> str:
+        return str(self.environment.get("device_name", "unknown device"))
+
+    @property
+    def modes(self) -> list[str]:
+        present = {r["mode"] for r in self.rows}
+        return [m for m in RUNTIME_MODES if m in present]
+
+    def series(self, mode: str, column: str) -> tuple[list[int], list[float]]:
+        """Batch sizes and one column's values for ``mode``, in batch-size order."""
+        rows = sorted((r for r in self.rows if r["mode"] == mode), key=lambda r: r["batch_size"])
+        return [r["batch_size"] for r in rows], [float(r[column]) for r in rows]
+
+    def summary(self) -> dict[str, Any]:
+        return {"backend": self.backend, "device_name": self.device_name, "rows": self.rows}
+
+
+# ----------------------------------------------------------------------------------- writing
+def result_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """``PATH`` (with or without ``.csv`` / ``.json``) -> (``PATH.csv``, ``PATH.json``)."""
+    text = os.fspath(path)
+    base = Path(text)
+    # "", ".", ".." and "dir/" name a directory, not a file to put beside it.
+    if not text.strip() or text.endswith(("/", os.sep)) or base.name in ("", ".", ".."):
+        raise ConfigError(f"--out must name a file such as results/run (it writes run.csv and run.json), "
+                          f"got {text!r}")
+    if base.suffix in (".csv", ".json"):
+        base = base.with_suffix("")
+    return base.with_name(base.name + ".csv"), base.with_name(base.name + ".json")
+
+
+def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
+    """Refuse, before any work, a destination that ``save_results`` could not write, or would
+    overwrite without ``force``: better now than after minutes of measuring."""
+    targets = result_paths(path)
+    for target in targets:
+        if target.is_dir():  # os.replace cannot put a file over a directory, forced or not
+            raise ConfigError(f"{target} is a directory; choose another --out path")
+    existing = [p for p in targets if p.exists()]
+    if existing and not force:
+        raise ConfigError(f"{existing[0]} already exists; pass --force (force=True in Python) to overwrite it, "
+                          "or choose another --out path")
+    ancestor = targets[0].parent
+    while not ancestor.exists():  # save_results creates the missing directories below it
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{ancestor} is a file, not a directory; choose an --out path under a directory")
+    try:  # a real write: permission bits alone miss read-only mounts, ACLs and root
+        _write_temp(ancestor / "probe", "").unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write in {ancestor} ({exc.strerror or exc}); "
+                          "choose another --out path") from None
+
+
+def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
+    """Write ``PATH.csv`` and ``PATH.json`` as a pair: both go to temporary files beside their
+    targets, and are renamed over them (``os.replace``) only once both are written.
+
+    If the second rename fails, the first is undone (the old file comes back from a hard-link
+    backup), so the pair on disk is either the old one or the new one, and no temporary file stays.
+    """
+    check_output(path, force)
+    targets = result_paths(path)
+    targets[0].parent.mkdir(parents=True, exist_ok=True)
+    columns = [*CSV_COLUMNS, *(c for c in EXTRA_COLUMNS if any(c in r for r in result.rows))]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in result.rows:
+        writer.writerow({c: _format(row.get(c, math.nan)) for c in columns})
+    temps: list[Path] = []
+    backups: dict[Path, Path] = {}
+    placed: list[Path] = []
+    try:
+        sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config, "columns": columns}
+        for target, text in zip(targets, (buffer.getvalue(), json.dumps(sidecar, indent=2) + "\n")):
+            temps.append(_write_temp(target, text))
+        for target in targets:
+            if target.exists():
+                backups[target] = _backup(target)
+        for temp, target in zip(temps, targets):
+            os.replace(temp, target)
+            placed.append(target)
+    except BaseException:
+        for target in placed:  # undo: the old file back, or no new file without its partner
+            if target in backups:
+                os.replace(backups.pop(target), target)
+            else:
+                target.unlink(missing_ok=True)
+        raise
+    finally:
+        for leftover in (*temps, *backups.values()):
+            leftover.unlink(missing_ok=True)
+    return targets
+
+
+def _write_temp(target: Path, text: str) -> Path:
+    """``text`` in a new file beside ``target``, flushed to disk, with the mode a plain ``open`` gives."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        # mkstemp makes 0600 files; results are meant to be shared like any file the user writes.
+        os.chmod(name, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the umask can only be read by setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _backup(target: Path) -> Path:
+    """A second name for ``target``'s current contents, to restore it if the pair cannot be placed."""
+    backup = target.with_name(f".{target.name}.{secrets.token_hex(4)}.bak")
+    try:
+        os.link(target, backup)  # instant, and no second copy of the bytes
+    except OSError:  # file systems without hard links
+        shutil.copy2(target, backup)
+    return backup
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.3f}"
+    return str(value)
+
+
+# ----------------------------------------------------------------------------------- reading
+def load_results(path: str | os.PathLike[str]) -> BenchResult:
+    """Read ``PATH.csv`` and ``PATH.json`` back (``PATH`` with or without either suffix).
+
+    A damaged pair is refused: no rows, missing or repeated (mode, batch size) rows against the
+    JSON's config, unknown modes, fractional counts, non-finite or negative timings.
+    """
+    csv_path, json_path = result_paths(path)
+    base = csv_path.with_suffix("")
+    for p in (csv_path, json_path):
+        if not p.is_file():
+            raise ConfigError(f"no benchmark results at {p}; check the path, or make them with "
+                              f"`python -m cglab bench --out {base}`")
+    try:
+        with open(csv_path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(f"missing column(s) {', '.join(missing)}")
+            rows = [_parse_row(line, row) for line, row in enumerate(reader, start=2)]
+        sidecar = json.loads(json_path.read_text(encoding="utf-8"))
+        if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT:
+            raise ValueError(f"{json_path.name} is not a {FORMAT} sidecar")
+        result = BenchResult(rows, dict(sidecar["environment"]), dict(sidecar["config"]))
+        _check_rows(result)
+        return result
+    except (ValueError, KeyError, TypeError, csv.Error) as exc:
+        raise ConfigError(f"{base} is not a usable cglab bench result: {exc}; re-record it with "
+                          f"`python -m cglab bench --out {base}`") from None
+
+
+def _parse_row(line: int, row: dict[str | None, str | None]) -> dict[str, Any]:
+    try:
+        return {k: _parse(k, v) for k, v in row.items()}
+    except ValueError as exc:
+        raise ValueError(f"line {line}: {exc}") from None
+
+
+def _parse(column: str | None, text: str | None) -> Any:
+    if column is None or text is None:
+        raise ValueError("a row has a different number of fields than the header")
+    if column in _STR_COLUMNS:
+        return text
+    if column not in _INT_COLUMNS and column not in CSV_COLUMNS and column not in EXTRA_COLUMNS:
+        try:  # a column added by a later version: keep it, typed if it is a number
+            return float(text)
+        except ValueError:
+            return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{column} {text!r} is not a number") from None
+    if column in _INT_COLUMNS:
+        if math.isnan(value) and column in EXTRA_COLUMNS:
+            return value  # written for a row that lacked a column other rows have
+        if not value.is_integer() or value < 0:  # int(1.5) would silently read 1
+            raise ValueError(f"{column} must be a whole number >= 0, got {text!r}")
+        return int(value)
+    if math.isnan(value) and column not in _MEASURED:
+        return value  # not measured (the profiler saw no GPU work)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{column} must be a finite time >= 0, got {text!r}")
+    return value
+
+
+def _check_rows(result: BenchResult) -> None:
+    """Every row a known mode and batch size, once; exactly the rows the JSON's config measured."""
+    if not result.rows:
+        raise ValueError("the CSV has no rows, only a header")
+    seen: set[tuple[str, int]] = set()
+    for line, row in enumerate(result.rows, start=2):
+        key = (row["mode"], row["batch_size"])
+        if key[0] not in RUNTIME_MODES:
+            raise ValueError(f"line {line}: unknown mode {key[0]!r} (expected one of {', '.join(RUNTIME_MODES)})")
+        if key[1] < 1:
+            raise ValueError(f"line {line}: batch_size must be >= 1, got {key[1]}")
+        if key in seen:
+            raise ValueError(f"line {line}: {key[0]} batch {key[1]} appears twice")
+        seen.add(key)
+    modes, sizes = result.config.get("modes"), result.config.get("batch_sizes")
+    if isinstance(modes, list) and isinstance(sizes, list):  # the sidecar knows what was measured
+        expected = {(m, b) for m in modes for b in sizes}
+        if seen != expected:
+            absent = sorted(expected - seen)
+            detail = f"; missing {absent[0][0]} batch {absent[0][1]}" if absent else "; rows outside the config"
+            raise ValueError(f"the CSV has {len(seen)} rows but the JSON's config measured {len(expected)} "
+                             f"({len(modes)} modes x {len(sizes)} batch sizes){detail}")
