@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,27 +28,31 @@ class ForwardContext:
     batch_descriptor: BatchExecutionDescriptor | None = None
 
 
-_forward_context: ForwardContext | None = None
+# The forward pass in progress in this thread/context, or None. A ContextVar, not a module global:
+# a Jupyter kernel can run two widget callbacks at once on different threads, and with a global one
+# thread's layers read the other thread's metadata (wrong shapes, wrong slots). Each thread (and each
+# asyncio task) sees only the context it set, as in cglab/graphs/breakable.py.
+_CURRENT: ContextVar[ForwardContext | None] = ContextVar("cglab_forward_context", default=None)
 
 
 def get_forward_context() -> ForwardContext:
-    """The context of the forward pass in progress."""
-    if _forward_context is None:
+    """The context of the forward pass in progress (in this thread)."""
+    context = _CURRENT.get()
+    if context is None:
         raise RuntimeError("no forward context is set: run the model inside `with set_forward_context(...)`")
-    return _forward_context
+    return context
 
 
 @contextmanager
 def set_forward_context(attn_metadata: dict[str, Any] | None, cg_mode: CUDAGraphMode = CUDAGraphMode.NONE,
                         batch_descriptor: BatchExecutionDescriptor | None = None) -> Iterator[ForwardContext]:
     """Make ``attn_metadata`` visible to every layer for the duration of one forward pass."""
-    global _forward_context
-    previous = _forward_context
-    _forward_context = ForwardContext(attn_metadata, cg_mode, batch_descriptor)
+    context = ForwardContext(attn_metadata, cg_mode, batch_descriptor)
+    token = _CURRENT.set(context)
     try:
-        yield _forward_context
+        yield context
     finally:
-        _forward_context = previous
+        _CURRENT.reset(token)  # restores the enclosing context, so nested passes still work
 
 
 def layer_metadata(layer_name: str, strict: bool) -> Any | None:

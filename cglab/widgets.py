@@ -8,6 +8,7 @@ initial values draw the same figure, so the notebook reads well even where widge
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,15 +141,65 @@ def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
 
 
 # ------------------------------------------------------------------ ipywidgets wrappers
+# One lock for every explorer's redraw: a kernel can run widget callbacks on several threads at once,
+# and neither matplotlib (its mathtext parser) nor an Output widget's capture is thread-safe.
+_DRAW_LOCK = threading.Lock()
+
+
+class _Redraw:
+    """Redraws one output area, one draw at a time, the latest request winning.
+
+    A request that comes while a draw runs only marks the area stale and returns; the running thread
+    then draws once more with the controls' values at that moment, so bursts of changes coalesce into
+    one final draw of the newest values instead of a queue of stale ones (or overlapping ones).
+    """
+
+    def __init__(self, draw: Callable[[dict[str, Any]], None], controls: dict[str, Any]) -> None:
+        self._draw, self._controls = draw, controls
+        self._state = threading.Lock()  # guards the two flags below
+        self._stale = self._running = False
+
+    def request(self, _change: Any = None) -> None:
+        with self._state:
+            self._stale = True
+            if self._running:
+                return  # the running draw sees the flag and draws again
+            self._running = True
+        try:
+            while True:
+                with self._state:
+                    if not self._stale:
+                        self._running = False
+                        return
+                    self._stale = False
+                    values = {name: control.value for name, control in self._controls.items()}
+                with _DRAW_LOCK:
+                    self._draw(values)
+        except BaseException:
+            with self._state:
+                self._running = False  # a failed draw must not wedge later redraws
+            raise
+
+
 def _interactive(explorer: Callable[..., Figure], controls: dict[str, Any], **fixed: Any) -> Any:
-    """Controls above an output area that redraws ``explorer(**controls, **fixed)`` on every change."""
+    """Controls above an output area that redraws ``explorer(**controls, **fixed)`` on every change.
+
+    Not ``ipywidgets.interactive_output``: it draws on every callback thread at once (see ``_Redraw``).
+    """
     import ipywidgets as widgets
     from IPython.display import display
 
-    def show(**values: Any) -> None:
-        display(explorer(**values, **fixed))
+    output = widgets.Output()
 
-    output = widgets.interactive_output(show, controls)
+    def draw(values: dict[str, Any]) -> None:
+        with output:  # shows an explorer's exception in the output area, as interactive_output did
+            output.clear_output(wait=True)
+            display(explorer(**values, **fixed))
+
+    redraw = _Redraw(draw, controls)
+    for control in controls.values():
+        control.observe(redraw.request, "value")
+    redraw.request()  # the initial figure
     return widgets.VBox([widgets.HBox(list(controls.values())), output])
 
 

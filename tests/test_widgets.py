@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -22,6 +25,7 @@ from cglab.draw import (  # noqa: E402
     draw_padding,
 )
 from cglab.widgets import (  # noqa: E402
+    _interactive,
     case_label,
     decode_explorer,
     decode_scenario,
@@ -170,3 +174,67 @@ def test_divergence_widget_has_a_flavor_control():
     flavor = {c.description: c for c in controls.children}["flavor"]
     assert isinstance(flavor, ipywidgets.Dropdown)
     assert list(flavor.options) == ["compiled", "breakable"] and flavor.value == "compiled"
+
+
+class _SlowExplorer:
+    """A fake explorer that takes a while to draw and records overlapping draws."""
+
+    def __init__(self, block_on: int | None = None) -> None:
+        self.drawn: list[int] = []
+        self.overlaps = 0
+        self._active = 0
+        self._lock = threading.Lock()
+        self.block_on, self.blocked, self.release = block_on, threading.Event(), threading.Event()
+
+    def __call__(self, step: int) -> Figure:
+        with self._lock:
+            self._active += 1
+            self.overlaps += self._active > 1
+        if step == self.block_on:
+            self.blocked.set()
+            self.release.wait(timeout=10)
+        time.sleep(0.005)
+        with self._lock:
+            self._active -= 1
+            self.drawn.append(step)
+        return Figure()
+
+
+def test_overlapping_changes_from_two_threads_draw_one_at_a_time_and_the_last_value_wins(capsys):
+    ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
+    slider = ipywidgets.IntSlider(value=0, min=0, max=1000)
+    explorer = _SlowExplorer()
+    _interactive(explorer, {"step": slider})
+    barrier, errors = threading.Barrier(2, timeout=10), []
+
+    def change(values: range) -> None:
+        try:
+            barrier.wait()
+            for value in values:
+                slider.value = value
+        except BaseException as e:  # noqa: BLE001 -- a thread's exception would otherwise only be printed
+            errors.append(e)
+
+    threads = [threading.Thread(target=change, args=(range(1, 300, 2),)),
+               threading.Thread(target=change, args=(range(2, 300, 2),))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and explorer.overlaps == 0
+    assert explorer.drawn[-1] == slider.value  # every change has been drawn or coalesced into the last draw
+
+
+def test_a_change_during_a_redraw_is_coalesced_into_the_newest_value(capsys):
+    ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
+    slider = ipywidgets.IntSlider(value=0, min=0, max=10)
+    explorer = _SlowExplorer(block_on=1)
+    _interactive(explorer, {"step": slider})
+    drawing = threading.Thread(target=setattr, args=(slider, "value", 1))
+    drawing.start()
+    assert explorer.blocked.wait(timeout=10)
+    for value in (2, 3, 4):  # requested while step 1 draws: each returns at once, marking the area stale
+        slider.value = value
+    explorer.release.set()
+    drawing.join(timeout=10)
+    assert explorer.drawn == [0, 1, 4] and explorer.overlaps == 0
