@@ -126,6 +126,16 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= max_size)
 
 
+def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
+    """Tokens in the longest request of the dummy batch a graph of ``num_tokens`` is captured on.
+
+    The layout of ``InputBatch.make_dummy`` (vLLM's ``_dummy_run``): ``min(num_tokens, max_num_reqs)``
+    requests, an even split, the remainder on the last one.
+    """
+    num_reqs = min(num_tokens, max_num_reqs)
+    return num_tokens // num_reqs + num_tokens % num_reqs
+
+
 MAX_SEED = 2**32 - 1
 
 
@@ -194,6 +204,16 @@ class ToyConfig:
             raise ConfigError(
                 f"capture size {max(sizes)} exceeds max_num_batched_tokens ({self.max_num_batched_tokens}); "
                 "raise max_num_batched_tokens or drop that size")
+        # The capture batch is a real batch to the metadata builders: a request longer than
+        # max_model_len would index past its block-table row.
+        too_long = [s for s in sizes if dummy_longest_request(s, self.max_num_reqs) > self.max_model_len]
+        if too_long:
+            s = min(too_long)
+            raise ConfigError(
+                f"capture size {s} does not fit: its capture batch puts "
+                f"{dummy_longest_request(s, self.max_num_reqs)} tokens in one request (max_num_reqs "
+                f"{self.max_num_reqs}), above max_model_len ({self.max_model_len}); raise max_model_len or "
+                "max_num_reqs, or drop that size")
         object.__setattr__(self, "capture_sizes", tuple(sorted(sizes)))
         object.__setattr__(self, "layer_names", tuple(f"layers.{i}.{k}" for i, k in enumerate(self.layers)))
 

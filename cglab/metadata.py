@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from cglab.buffers import PAD_SLOT_ID
-from cglab.config import ToyConfig
+from cglab.config import LAYER_KINDS, ToyConfig
+from cglab.errors import ConfigError
 
 if TYPE_CHECKING:
     from cglab.batch import InputBatch
@@ -219,12 +220,27 @@ def build_attn_groups(config: ToyConfig, device: torch.device,
         "sconv": lambda: ShortConvMetadataBuilder(config, device),
         "compressor": lambda: CompressorMetadataBuilder(config, device),
     }
+    _check_builders(builders)
     groups = []
     for kind in dict.fromkeys(config.layers):
         names = [n for n, k in zip(config.layer_names, config.layers) if k == kind]
         builder = (builders or {}).get(kind) or factories[kind]()
         groups.append(AttentionGroup(kind, builder, names))
     return groups
+
+
+def _check_builders(builders: object) -> None:
+    """``builders`` is ``{kind: builder}``; a bad one must fail here, not as an AttributeError mid-capture."""
+    if builders is None:
+        return
+    if not isinstance(builders, dict):
+        raise ConfigError(f"builders must be a dict {{layer kind: metadata builder}}, got {type(builders).__name__}")
+    for kind, builder in builders.items():
+        if kind not in LAYER_KINDS:  # a typo would otherwise silently keep the default builder
+            raise ConfigError(f"builders has unknown layer kind {kind!r}; valid kinds: {', '.join(LAYER_KINDS)}")
+        if builder is not None and not callable(getattr(builder, "build", None)):
+            raise ConfigError(f"builders[{kind!r}] must have a build(common, for_capture) method, got "
+                              f"{type(builder).__name__}; pass e.g. ShortConvMetadataBuilder(config, device)")
 
 
 def prepare_attn(input_batch: InputBatch, block_table: torch.Tensor, slot_mapping: torch.Tensor,

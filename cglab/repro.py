@@ -16,6 +16,7 @@ from cglab.config import (
     ToyConfig,
     check_positive_int,
     check_seed,
+    dummy_longest_request,
     parse_layer_pattern,
     parse_piecewise_flavor,
     resolve_splitting_ops,
@@ -89,10 +90,14 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int], batc
     if pool * max_model_len > MAX_SLOTS:
         raise ConfigError(f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
                           f"per layer, above the toy's {MAX_SLOTS}; use fewer steps or a smaller largest batch size")
+    _check_capture_fits(capture_sizes, pool, max_model_len)
+    # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
+    # capture size (vLLM never captures above its budget).
+    budget = max(128, pool + _MAX_PROMPT, *capture_sizes)
     return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=pool,
                      max_model_len=max_model_len, block_size=block_size,
                      num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
-                     max_num_batched_tokens=max(128, *capture_sizes), **overrides)
+                     max_num_batched_tokens=budget, **overrides)
 
 
 _MIN_PROMPT, _MAX_PROMPT = 5, 14
@@ -113,6 +118,20 @@ def _check_sizes(what: str, sizes: Sequence[int]) -> None:
     if what == "capture size" and max(sizes) > MAX_CAPTURE_SIZE:
         raise ConfigError(f"capture size {max(sizes)} is above {MAX_CAPTURE_SIZE}, the largest the toy captures; "
                           "drop it (batches above every capture size run eagerly anyway)")
+
+
+def _check_capture_fits(capture_sizes: Sequence[int], pool: int, max_model_len: int) -> None:
+    """Refuse, in this scenario's terms, a capture size whose capture batch overflows a request
+    (ToyConfig refuses it too, but names knobs that repro derives)."""
+    bad = [s for s in capture_sizes if dummy_longest_request(s, pool) > max_model_len]
+    if bad:
+        s = min(bad)
+        first_bad = next(n for n in range(1, s + 1) if dummy_longest_request(n, pool) > max_model_len)
+        raise ConfigError(
+            f"capture size {s} does not fit this scenario: its capture batch puts {dummy_longest_request(s, pool)} "
+            f"tokens in one of {pool} requests (the largest batch size), above the {max_model_len} tokens a request "
+            f"may hold (the longest prompt plus the steps); drop capture sizes above {first_bad - 1}, or raise the "
+            "largest batch size or the steps")
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:

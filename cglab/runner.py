@@ -219,6 +219,8 @@ class ModelRunner:
 
     def prepare_step(self, scheduled: Mapping[str, Sequence[int]], eager: bool = False) -> PreparedStep:
         """Dispatch the batch and write it, padded, into the persistent buffers; build its metadata."""
+        if not isinstance(eager, bool):  # "no" is truthy: it would silently skip the graphs
+            raise ConfigError(f"eager must be True or False, got {eager!r}")
         reqs, new_tokens = self._validate(scheduled)
         query_lens = [len(t) for t in new_tokens]
         seq_lens = [r.num_computed_tokens + q for r, q in zip(reqs, query_lens)]
@@ -310,7 +312,11 @@ def _token_ids(req_id: str, ids: object) -> list[int]:
     if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
         raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "
                           f"write {{{req_id!r}: [5]}} for a single token")
-    values = list(ids)
+    try:
+        values = list(ids)
+    except TypeError:  # a 0-d tensor is Iterable to Python but cannot be iterated
+        raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "
+                          f"write {{{req_id!r}: [5]}} for a single token") from None
     try:
         if not any(isinstance(t, bool) for t in values):  # True is an int to Python, never a token
             return [operator.index(t) for t in values]

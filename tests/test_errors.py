@@ -48,6 +48,7 @@ CONFIG_CASES = {
     "non-positive capture size": (dict(capture_sizes=(0, 1)), "every capture size must be a positive integer"),
     "capture sizes not a list": (dict(capture_sizes=8), "(1, 2, 4, 8)"),
     "capture size above the token budget": (dict(capture_sizes=(256,)), "raise max_num_batched_tokens"),
+    "capture batch longer than a request": (dict(capture_sizes=(64,), max_num_reqs=1), "raise max_model_len"),
     "negative seed": (dict(seed=-1), "seed must be an integer from 0"),
     "huge seed": (dict(seed=2**40), "seed must be an integer from 0"),
     "strict_layers not a bool": (dict(strict_layers="yes"), "True or False"),
@@ -85,6 +86,8 @@ RUNNER_CASES = {
     "unknown backend": (lambda: ModelRunner(CONFIG, "full", backend="tpu"), "'sim'"),
     "unknown device": (lambda: ModelRunner(CONFIG, device="tpu"), "use 'cpu' or 'cuda'"),
     "flag not a bool": (lambda: ModelRunner(CONFIG, legacy_skip_attn="no"), "True or False"),
+    "builder without build()": (lambda: ModelRunner(CONFIG, builders={"sconv": object()}), "builders['sconv']"),
+    "builder for an unknown kind": (lambda: ModelRunner(CONFIG, builders={"conv": None}), "valid kinds"),
 }
 
 
@@ -110,6 +113,7 @@ STEP_CASES = {
     "float token": ({"a": [1.5]}, "must be integers"),
     "bool token": ({"a": [True]}, "must be integers"),
     "float tensor": ({"a": torch.tensor([1.0])}, "must be integers"),
+    "0-d tensor": ({"a": torch.tensor(5)}, "{'a': [5]}"),
     "token outside the vocabulary": ({"a": [64]}, "outside the vocabulary [0, 64)"),
 }
 
@@ -199,6 +203,7 @@ REPRO_CASES = {
     "huge capture size": (dict(capture_sizes=[4096]), "drop it"),
     "capture sizes as a string": (dict(capture_sizes="1,2"), "[1, 2, 4]"),
     "huge batch": (dict(batch_sizes=[300]), "use smaller batch sizes"),
+    "capture size the scenario cannot batch": (dict(capture_sizes=[512]), "drop capture sizes above"),
     "too many cache slots": (dict(batch_sizes=[256], steps=9000), "use fewer steps"),
     "unknown override": (dict(hiden_size=8), "run_repro accepts: block_size"),
     "derived override": (dict(max_num_reqs=8), "it sizes the rest"),
@@ -225,6 +230,7 @@ CLI_CASES = {
     "zero steps": (["repro", "--steps", "0"], "from 1 to 10000"),
     "absurd steps": (["repro", "--steps", "1000000000"], "from 1 to 10000"),
     "negative seed": (["repro", "--seed", "-1"], "seed must be an integer from 0"),
+    "capture size the scenario cannot batch": (["repro", "--capture-sizes", "512"], "drop capture sizes above"),
     "no subcommand": ([], "required"),
 }
 if not torch.cuda.is_available():
