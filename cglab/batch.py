@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from cglab.buffers import InputBuffers
-from cglab.config import CUDAGraphMode
+from cglab.config import CUDAGraphMode, dummy_query_lens
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,7 @@ class InputBatch:
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
         """A capture batch: query lengths split evenly (the rest on the last request), ``seq_lens`` equal
         to the query lengths, token ids and positions zero."""
-        query_lens = [num_tokens // num_reqs] * num_reqs
-        query_lens[-1] += num_tokens % num_reqs
+        query_lens = dummy_query_lens(num_reqs, num_tokens)
         query_start_loc = [0]
         for q in query_lens:
             query_start_loc.append(query_start_loc[-1] + q)

@@ -126,14 +126,18 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= max_size)
 
 
-def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
-    """Tokens in the longest request of the dummy batch a graph of ``num_tokens`` is captured on.
+def dummy_query_lens(num_reqs: int, num_tokens: int) -> list[int]:
+    """The query lengths of a dummy capture batch (``InputBatch.make_dummy``, as vLLM's dummy runs):
+    an even split, the remainder on the last request."""
+    query_lens = [num_tokens // num_reqs] * num_reqs
+    query_lens[-1] += num_tokens % num_reqs
+    return query_lens
 
-    The layout of ``InputBatch.make_dummy`` (vLLM's ``_dummy_run``): ``min(num_tokens, max_num_reqs)``
-    requests, an even split, the remainder on the last one.
-    """
-    num_reqs = min(num_tokens, max_num_reqs)
-    return num_tokens // num_reqs + num_tokens % num_reqs
+
+def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
+    """Tokens in the longest request of the dummy batch a graph of ``num_tokens`` is captured on, with
+    as many requests as it may hold (``min(num_tokens, max_num_reqs)``)."""
+    return max(dummy_query_lens(min(num_tokens, max_num_reqs), num_tokens))
 
 
 MAX_SEED = 2**32 - 1
