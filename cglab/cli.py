@@ -34,7 +34,8 @@ def int_list(text: str) -> list[int]:
 
 def _add_repro(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence")
-    p.add_argument("--mode", choices=[m.value for m in CUDAGraphMode], default="piecewise")
+    p.add_argument("--mode", type=str.lower, choices=[m.value for m in CUDAGraphMode], default="piecewise",
+                   help="a runtime mode or a policy (case does not matter)")
     p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS), default="compiled",
                    help="compiled: torch.compile split at --splitting-ops (vLLM's default); breakable: one capture "
                         "split at the eager breaks")
@@ -68,7 +69,9 @@ def _run_repro(args: argparse.Namespace) -> int:
                        strict_attention=args.strict_attention, capture_sizes=args.capture_sizes,
                        batch_sizes=args.batch_sizes, steps=args.steps, prefill_chunk=args.prefill_chunk,
                        uniform_decode_by_shape=args.uniform_decode_by_shape, seed=args.seed, device=args.device)
-    status = 1 if args.check and (result.diverged or result.error) else 0
+    # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
+    no_graphs = result.mode != "none" and result.error is None and not result.replayed_graphs
+    status = 1 if args.check and (result.diverged or result.error or no_graphs) else 0
     if args.json:
         print(json.dumps(result.to_json()))
         return status
@@ -81,12 +84,14 @@ def _run_repro(args: argparse.Namespace) -> int:
     if result.error:
         print(f"  ERROR: {result.error}")
     if result.max_abs_diff is not None:
-        verdict = "DIVERGED from eager" if result.diverged else "matches eager"
+        verdict = ("DIVERGED from eager" if result.diverged else
+                   "NO GRAPH REPLAYED (every step ran eagerly)" if no_graphs else "matches eager")
         what = f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk else "decode steps"
         print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager| = "
               f"{result.max_abs_diff:.3g}, caches diverged: {result.state_diverged} -> {verdict}")
-        if set(result.steps_by_mode) == {"none"} and result.mode != "none":
-            print("  no step replayed a graph: every batch ran eagerly, so this run says nothing about graphs")
+        if no_graphs:
+            print("  no batch fitted a captured graph, so this run says nothing about graphs: use --batch-sizes "
+                  "within --capture-sizes (and, for full_decode_only, decode steps)")
     return status
 
 

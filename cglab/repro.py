@@ -61,6 +61,11 @@ class ReproResult:
         return {k: data[k] for k in keys}
 
     @property
+    def replayed_graphs(self) -> bool:
+        """Whether any step replayed a graph; if none did, the run compared eager with eager."""
+        return any(n for mode, n in self.steps_by_mode.items() if mode != "none")
+
+    @property
     def diverged(self) -> bool:
         """Replay and eager disagree: in the logits of some step, or in some cache at the end."""
         return bool(self.state_diverged) or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance)

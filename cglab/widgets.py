@@ -66,6 +66,8 @@ def verdict(result: ReproResult) -> str:
         return f"capture failed loudly ({result.error.split(':')[0]})"
     if result.diverged:
         return "DIVERGED from eager, and nothing raised"
+    if result.mode != "none" and not result.replayed_graphs:
+        return "no graph replayed (every step ran eagerly)"
     return "matches eager"
 
 

@@ -30,3 +30,17 @@ def test_divergence_and_refused_capture_still_exit_zero(capsys: pytest.CaptureFi
     assert _repro_json(capsys, "--legacy-skip-attn")["state_diverged"] is True  # divergence is the finding
     error = _repro_json(capsys, "--legacy-skip-attn", "--strict-layers")["error"]
     assert error.startswith("MissingMetadataError: capturing the PIECEWISE")
+
+
+@pytest.mark.parametrize("argv", [["--mode", "full_decode_only", "--capture-sizes", "16"], ["--batch-sizes", "100"]])
+def test_an_all_eager_run_is_never_called_a_graph_result(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    assert main(["repro", "--steps", "2", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "NO GRAPH REPLAYED" in out and "matches eager" not in out
+    assert main(["repro", "--steps", "2", "--check", *argv]) == 1  # --check refuses it as a pass
+
+
+def test_strict_layers_error_fails_check_and_modes_ignore_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["repro", "--legacy-skip-attn", "--strict-layers", "--steps", "2", "--check"]) == 1
+    assert "ERROR: MissingMetadataError" in capsys.readouterr().out
+    assert _repro_json(capsys, "--mode", "PIECEWISE")["mode"] == "piecewise"
