@@ -1,0 +1,134 @@
+"""The one picture of the express path (notebook 00b): what a captured piece recorded, op by op.
+
+``recorded_ops`` reads the ops a compiled PIECEWISE piece recorded at capture (the simulator keeps
+them; a real CUDA graph keeps only kernels, not their names). ``compare_recordings`` lines two
+recordings of the same piece up, and ``describe_recordings`` / ``draw_recordings`` show them side by
+side: the piece captured with metadata (the fix) against the same piece captured without it (the
+old path), the ops the old path never recorded marked.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from cglab.batch import BatchExecutionDescriptor
+from cglab.compilation import PiecewiseGraph
+from cglab.errors import ConfigError
+from cglab.graphs.sim import SimSegment
+from cglab.runner import ModelRunner
+
+__all__ = ["OpRow", "compare_recordings", "describe_recordings", "draw_recordings", "recorded_ops"]
+
+DPI = 100  # fixed, so the figure's text form is the same everywhere
+_KEPT = "#4e79a7"
+_LOST = "#e15759"
+
+
+def _short(func: object) -> str:
+    """``aten.index_put_.default`` -> ``"index_put_"``: the op's name without namespace or overload."""
+    parts = str(func).split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else str(func)
+
+
+def recorded_ops(runner: ModelRunner, piece: str = "submod_0",
+                 desc: BatchExecutionDescriptor | None = None) -> list[str]:
+    """The ops the graph of compiled piece ``piece`` recorded for ``desc`` (default: the first
+    descriptor captured), in order, as short aten names (``"linear"``, ``"index_put_"``).
+
+    Needs a compiled PIECEWISE runner on the simulator (``device="cpu"``): only the simulator keeps
+    the list of what it recorded.
+    """
+    manager = runner.cudagraph_manager
+    compiled = manager.compiled if manager is not None else None
+    if manager is None or not manager.graphs or compiled is None or not compiled.wrappers:
+        raise ConfigError("recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
+                          "ModelRunner(config, 'piecewise', piecewise_flavor='compiled')")
+    if desc is None:
+        desc = next(d for d, entry in manager.graphs.items() if isinstance(entry.graph, PiecewiseGraph))
+    wrapper = compiled.wrappers.get(piece)
+    if wrapper is None:
+        names = [i.submod_name for i in compiled.items]
+        graphs = [n for n in names if n in compiled.wrappers]
+        what = "a splitting op, run eagerly: it records nothing" if piece in names else "not a piece of this graph"
+        raise ConfigError(f"{piece} is {what}; the captured pieces are {', '.join(graphs)}")
+    if desc not in wrapper.entries:
+        raise ConfigError(f"{piece} has no graph for {desc}; captured: {', '.join(map(str, wrapper.entries))}")
+    ops = []
+    for step in wrapper.entries[desc].graph.steps:
+        if not isinstance(step, SimSegment):
+            raise ConfigError("only the simulator keeps the ops a graph recorded; build the runner with "
+                              "device='cpu' (a CUDA graph keeps its kernels, not their names)")
+        ops += [_short(record[1]) for record in step._records or ()]
+    return ops
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One line of two recordings side by side: the op, and whether each recording has it there."""
+
+    op: str
+    in_first: bool
+    in_second: bool
+
+
+def compare_recordings(first: Sequence[str], second: Sequence[str]) -> list[OpRow]:
+    """Line two op lists up in order (a diff): ops both recorded share a row, the others get one each."""
+    rows = []
+    matcher = difflib.SequenceMatcher(a=list(first), b=list(second), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            rows += [OpRow(op, True, True) for op in first[i1:i2]]
+            continue
+        rows += [OpRow(op, True, False) for op in first[i1:i2]]
+        rows += [OpRow(op, False, True) for op in second[j1:j2]]
+    return rows
+
+
+def describe_recordings(first: Sequence[str], second: Sequence[str],
+                        labels: tuple[str, str] = ("with metadata", "without metadata")) -> str:
+    """The two recordings as two text columns; ``---`` where one of them recorded nothing."""
+    rows = compare_recordings(first, second)
+    width = max([len(labels[0]), *(len(r.op) for r in rows)]) + 2
+    lines = [f"  {labels[0]:<{width}}{labels[1]}"]
+    for r in rows:
+        left, right = (r.op if r.in_first else "---"), (r.op if r.in_second else "---")
+        mark = "" if r.in_first == r.in_second else "   <- only " + (labels[0] if r.in_first else labels[1])
+        lines.append(f"  {left:<{width}}{right}{mark}")
+    lines.append(f"  {len(first)} ops{'':<{width - len(str(len(first))) - 4}}{len(second)} ops")
+    return "\n".join(lines)
+
+
+def draw_recordings(first: Sequence[str], second: Sequence[str], piece: str = "submod_0",
+                    labels: tuple[str, str] = ("with metadata (fixed)", "without metadata (legacy)"),
+                    note: str = "") -> Figure:
+    """Two columns of boxes, one per recorded op, aligned by ``compare_recordings``: ops both
+    recordings have in blue, ops only one of them has in red (with an empty, hatched box opposite)."""
+    rows = compare_recordings(first, second)
+    fig = Figure(figsize=(7, 0.24 * len(rows) + 1.3), dpi=DPI)
+    ax = fig.add_subplot()
+    for y, row in enumerate(rows):
+        for x, present in ((0, row.in_first), (1, row.in_second)):
+            lost = row.in_first != row.in_second
+            color = "white" if not present else _LOST if lost else _KEPT
+            ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black",
+                    hatch="" if present else "//")
+            ax.text(x + 0.5, -y, row.op if present else "nothing recorded", ha="center", va="center",
+                    fontsize=7, color="white" if present else "black",
+                    bbox=None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1})
+    for x, (label, ops) in enumerate(zip(labels, (first, second))):
+        ax.text(x + 0.5, 0.8, f"{label}: {len(ops)} ops", ha="center", va="bottom", fontsize=9, weight="bold")
+    ax.set_xlim(0, 2)
+    ax.set_ylim(-len(rows) + 0.4, 1.6)
+    ax.axis("off")
+    ax.set_title(f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else ""),
+                 fontsize=10)
+    ax.legend(handles=[Patch(color=_KEPT, label="recorded by both"),
+                       Patch(color=_LOST, label="recorded by one only")],
+              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize="small", frameon=False)
+    fig.tight_layout()
+    return fig
