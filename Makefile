@@ -19,14 +19,23 @@ export OMP_NUM_THREADS := 1
 
 .PHONY: lab test notebooks clean
 
+# TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
+# CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
+
+# No --quiet: the first run downloads torch (several GB on Linux with its CUDA libraries), and pip's
+# progress bars show that it is moving.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(if $(TORCH_INDEX_URL),$(PY) -m pip install --disable-pip-version-check torch==2.13.0 --index-url $(TORCH_INDEX_URL))
+	$(PY) -m pip install --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
 # Containers often run as root, where Jupyter refuses to start without --allow-root.
+# The venv goes first on PATH, so `python -m cglab ...` in a JupyterLab terminal is the venv's Python.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" \
+	  $(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: $(STAMP)
 	MPLBACKEND=Agg $(PY) -m pytest tests $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg)

@@ -286,29 +286,49 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     return fig
 
 
+_DIVERGENCE_COLORS = {True: "tab:red", False: "tab:blue"}  # legacy capture, fixed capture
+_SPARE_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
 def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     """Left: replay-vs-eager logit difference at every decode step. Right: each cache's difference
-    from the eager reference after the last step."""
+    from the eager reference after the last step.
+
+    Both panels share one log scale, from exact agreement (plotted at a floor) to 10, with the
+    tolerance marked, so a rounding difference stays small beside a real divergence. A run keeps its
+    colour whatever else is drawn: legacy capture red, fixed capture blue."""
     fig = Figure(figsize=(11, 3.6), dpi=DPI)
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
-    floor = 1e-9  # exact agreement plotted at the floor of the log scale
+    floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale
     tolerance = min((r.tolerance for r in results.values()), default=1e-4)
-    for label, result in results.items():
+    colors, taken = [], set()
+    for result in results.values():
+        color = _DIVERGENCE_COLORS[bool(result.legacy_skip_attn)]
+        if color in taken:  # two runs of one kind: the next colour of the cycle, not a duplicate
+            color = next(c for c in _SPARE_COLORS if c not in taken)
+        taken.add(color)
+        colors.append(color)
+    for color, (label, result) in zip(colors, results.items()):
         diffs = np.maximum(np.asarray(result.step_diffs, dtype=float), floor)
-        steps_ax.semilogy(np.arange(1, len(diffs) + 1), diffs, marker="o", ms=3, label=label)
+        steps_ax.semilogy(np.arange(1, len(diffs) + 1), diffs, marker="o", ms=3, color=color, label=label)
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
-    steps_ax.set_ylim(floor / 2, 10)
+    steps_ax.set_ylim(floor / 2, ceiling)
     steps_ax.set_xlabel("decode step")
     steps_ax.set_ylabel("max |replay - eager| (logits)")
-    steps_ax.legend(fontsize="small", frameon=False)
+    # Above the panels, not over the lines: the right panel uses the same colours.
+    steps_ax.legend(fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0),
+                    ncol=2, borderaxespad=0.2)
     names = sorted({n for r in results.values() for n in r.state_diffs})
     height = 0.8 / max(len(results), 1)
-    for i, (label, result) in enumerate(results.items()):
-        values = [result.state_diffs.get(n, 0.0) for n in names]
-        state_ax.barh(np.arange(len(names)) + i * height, values, height=height, label=label)
+    base = floor / 2
+    for i, (color, result) in enumerate(zip(colors, results.values())):
+        values = np.maximum([result.state_diffs.get(n, 0.0) for n in names], floor)
+        state_ax.barh(np.arange(len(names)) + i * height, values - base, left=base, height=height, color=color)
+    state_ax.set_xscale("log")
+    state_ax.set_xlim(base, ceiling)
+    state_ax.axvline(tolerance, color="gray", ls="--", lw=1)
     state_ax.set_yticks(np.arange(len(names)) + height * (len(results) - 1) / 2, names, fontsize=8)
     state_ax.invert_yaxis()
     state_ax.set_xlabel("max |cache - eager cache| after the last step")
-    state_ax.legend(fontsize="small", frameon=False, loc="lower right")
     fig.tight_layout()
     return fig
