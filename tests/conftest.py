@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pytest
 import torch
 
@@ -27,3 +30,22 @@ def device(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def small_config() -> ToyConfig:
     return ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=8, max_model_len=48)
+
+
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Graph replays served while the test runs, by mode ("full", "piecewise"): counted where the
+    manager really replays (``CudaGraphManager.replay``), so a run whose steps all went eager, or a
+    descriptor that claims a graph the step never replayed, shows up as a missing count."""
+    from cglab.capture import CudaGraphManager
+
+    counts: Counter[str] = Counter()
+    original = CudaGraphManager.replay
+
+    def counting_replay(self: CudaGraphManager, desc: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, desc, *args, **kwargs)
+        counts[desc.cg_mode.value] += 1
+        return out
+
+    monkeypatch.setattr(CudaGraphManager, "replay", counting_replay)
+    return counts

@@ -1,8 +1,12 @@
 """The missing-metadata bug and its fix, end to end, on every backend available."""
 
 import pytest
+import torch
 
 from cglab import AddressChangedError, ModelRunner, ToyConfig, run_repro, state_differences
+from cglab.forward_context import set_forward_context
+from cglab.graphs.ops import OpCounter
+from cglab.layers.sconv import short_conv
 from cglab.metadata import AllocatingShortConvMetadataBuilder
 
 PATTERNS = ["sconv,attn,compressor,attn", "attn", "sconv", "compressor,compressor", "attn,sconv,attn"]
@@ -12,22 +16,27 @@ MIXED_BATCHES = (3, 1, 8, 5, 2, 7)
 FLAVORS = ["compiled", "breakable"]
 
 
+# Mode "none" is not here: its runner and its reference are both eager, so the comparison would be
+# eager against eager (that determinism check is test_determinism.py's eager test).
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("mode", ["none", "piecewise", "full", "full_and_piecewise", "full_decode_only"])
+@pytest.mark.parametrize("mode", ["piecewise", "full", "full_and_piecewise", "full_decode_only"])
 @pytest.mark.parametrize("layers", PATTERNS)
-def test_fixed_path_replay_equals_eager(device, mode, layers, flavor):
-    result = run_repro(mode, piecewise_flavor=flavor, layers=layers, batch_sizes=MIXED_BATCHES, steps=14,
+def test_fixed_path_replay_equals_eager(device, mode, layers, flavor, replays):
+    steps = 14
+    result = run_repro(mode, piecewise_flavor=flavor, layers=layers, batch_sizes=MIXED_BATCHES, steps=steps,
                        device=device)
     assert result.error is None
     assert result.max_abs_diff < result.tolerance, result.step_diffs
     assert not result.state_diverged, result.state_diffs
-    expected = {"none": "NONE", "piecewise": "PIECEWISE"}.get(mode, "FULL")  # decode steps: FULL where captured
-    assert {m.split("(")[0] for m in result.step_modes} == {expected}  # graphs served every step, not eager
+    expected = "piecewise" if mode == "piecewise" else "full"  # decode steps: FULL where captured
+    assert result.steps_by_mode == {expected: steps}  # graphs served every step, not eager
+    assert replays == {expected: steps}  # and each of those steps really replayed its graph
 
 
 @pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
-def test_legacy_compiled_piecewise_diverges_silently(device, layers):
+def test_legacy_compiled_piecewise_diverges_silently(device, layers, replays):
     result = run_repro("piecewise", legacy_skip_attn=True, layers=layers, device=device)
+    assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
     assert result.piecewise_flavor == "compiled"  # vLLM's default, and where the bug lived
     assert result.error is None  # no error anywhere: that is the bug
     assert result.max_abs_diff > 0.05  # not rounding: the layers' whole contribution is missing
@@ -36,12 +45,12 @@ def test_legacy_compiled_piecewise_diverges_silently(device, layers):
 
 
 @pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
-def test_legacy_breakable_piecewise_was_already_safe(device, layers):
+def test_legacy_breakable_piecewise_was_already_safe(device, layers, replays):
     """Before the fix, breakable capture got capture metadata (the assert tied the two together)."""
     result = run_repro("piecewise", piecewise_flavor="breakable", legacy_skip_attn=True, layers=layers,
                        strict_layers=True, device=device)
     assert result.error is None and not result.diverged
-    assert all(m.startswith("PIECEWISE") for m in result.step_modes)
+    assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
 
 
 def test_legacy_graph_never_writes_guarded_state(device):
@@ -56,6 +65,7 @@ def test_legacy_graph_never_writes_guarded_state(device):
     for step in range(8):
         out = runner.step({f"r{i}": [step + i] for i in range(1 + step % 4)})
         assert out.descriptor.cg_mode.name == "PIECEWISE"
+    assert sum(e.replays for e in runner.cudagraph_manager.graphs.values()) == 8
     changed = {k: not v.equal(after_prefill[k]) for k, v in runner.state_tensors().items()}
     assert changed == {"layers.0.sconv.conv_state": False, "layers.1.attn.kv_cache": True,
                        "layers.2.compressor.state_cache": False, "layers.2.compressor.compressed_cache": False,
@@ -68,19 +78,22 @@ def test_legacy_compiled_piecewise_with_strict_layers_fails_loudly(device):
     assert "prepare_inputs_to_capture" in result.error
 
 
-def test_strict_layers_capture_fine_with_the_fix(device):
+def test_strict_layers_capture_fine_with_the_fix(device, replays):
     result = run_repro("piecewise", strict_layers=True, device=device)
     assert result.error is None and not result.diverged
+    assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
 
 
-def test_legacy_path_is_harmless_for_attention_only(device):
+def test_legacy_path_is_harmless_for_attention_only(device, replays):
     result = run_repro("piecewise", legacy_skip_attn=True, layers="attn,attn", device=device)
     assert result.error is None and not result.diverged
+    assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
 
 
-def test_legacy_switch_leaves_full_untouched(device):
+def test_legacy_switch_leaves_full_untouched(device, replays):
     result = run_repro("full", legacy_skip_attn=True, device=device)
     assert result.error is None and not result.diverged
+    assert result.steps_by_mode == {"full": result.steps} and replays == {"full": result.steps}
 
 
 def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
@@ -97,6 +110,7 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
     for step in range(6):
         batch = {f"r{i}": [(step + i) % config.vocab_size] for i in range(1 + step % 4)}
         worst = max(worst, (runner.step(batch).logits - reference.step(batch).logits).abs().max().item())
+    assert sum(e.replays for e in runner.cudagraph_manager.graphs.values()) == 6  # every decode step replayed
     assert worst > 0.05  # the graph reads the capture batch's tap slots, not the live ones
     # Writes use the slot mapping, which is a persistent buffer: the state stays right, the reads do not.
     assert state_differences(runner, reference)["layers.0.sconv.conv_state"] < 1e-4
@@ -123,7 +137,24 @@ def test_legacy_guarded_graph_records_nothing_for_the_layer(device):
     fixed = ModelRunner(config, "piecewise", device=device)
     legacy = ModelRunner(config, "piecewise", device=device, legacy_skip_attn=True)
     (f,), (g,) = fixed.cudagraph_manager.graphs.values(), legacy.cudagraph_manager.graphs.values()
-    assert g.graph.num_ops < f.graph.num_ops  # the sconv's kernels are missing from the legacy graph
+    # The sconv op's own kernels on the captured batch shape: with live metadata, and with none.
+    for r in ("a", "b"):
+        fixed.add_request(r)
+    metadata = fixed.prepare_step({"a": [1], "b": [2]}).attn_metadata
+    layer = fixed.model.layers[0].mixer
+    x = torch.randn(2, config.hidden_size, device=fixed.device)
+
+    def sconv_ops(md):
+        out, state = torch.empty_like(x), layer.conv_state.clone()
+        with set_forward_context(md), OpCounter() as counter:
+            short_conv(x, out, state, layer.conv_weight, layer.layer_name)
+        return counter.count
+
+    working, skipped = sconv_ops(metadata), sconv_ops(None)
+    assert skipped == 1 < working  # no metadata: only the copy of the input
+    assert (f.graph.num_segments, g.graph.num_segments) == (1, 1)
+    # Exactly the sconv's work is missing from the legacy graph: the rest of the layer is recorded.
+    assert f.graph.num_ops - g.graph.num_ops == working - skipped
 
 
 def test_capture_does_not_touch_caches(device):

@@ -18,6 +18,14 @@ def test_same_seed_gives_bit_identical_repro_results() -> None:
     assert asdict(first) == asdict(second)  # floats compared exactly
 
 
+def test_eager_runners_with_the_same_seed_agree_bit_for_bit() -> None:
+    """Mode "none" in run_repro: the runner and its reference are both eager. Worth one check (the
+    engine is deterministic, so any difference in a graph run is the graph's); no graph is tested here."""
+    result = run_repro("none", layers="sconv,attn,compressor,attn", batch_sizes=(3, 1, 8, 5, 2, 7), steps=14)
+    assert result.error is None and result.steps_by_mode == {"none": 14}
+    assert result.max_abs_diff == 0 and all(d == 0 for d in result.state_diffs.values())
+
+
 def test_same_seed_gives_identical_logits_and_caches() -> None:
     config = ToyConfig(layers=("sconv", "attn", "compressor"), seed=3)
     runs = []

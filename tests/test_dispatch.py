@@ -88,6 +88,7 @@ def test_default_capture_sizes_ladder():
     assert default_capture_sizes(300)[-3:] == (256, 272, 288)
 
 
-@pytest.mark.parametrize("mode", ["FULL", "full", " Piecewise "])
-def test_mode_parse(mode):
-    assert CUDAGraphMode.parse(mode) in (FULL, PW)
+@pytest.mark.parametrize(("mode", "expected"), [("FULL", FULL), ("full", FULL), (" Piecewise ", PW), ("none", NONE),
+                                              ("Full_And_Piecewise", FAP), ("full_decode_only\n", FDO), (PW, PW)])
+def test_mode_parse(mode, expected):
+    assert CUDAGraphMode.parse(mode) is expected
