@@ -49,7 +49,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help="an FA3-like attention kernel that refuses the dummy capture batch")
     p.add_argument("--capture-sizes", type=int_list, default=[1, 2, 4, 8])
     p.add_argument("--batch-sizes", type=int_list, default=[3, 1, 8], help="decode batch sizes, cycled")
-    p.add_argument("--steps", type=int, default=16, help="steps after the eager prefill; with --prefill-chunk, all steps")
+    p.add_argument("--steps", type=int, default=16,
+                   help="steps after the eager prefill; with --prefill-chunk, all steps")
     p.add_argument("--prefill-chunk", type=int, default=0,
                    help="0: prefill eagerly first; N: prompts enter the engine N tokens a step, mixed with decodes")
     p.add_argument("--uniform-decode-by-shape", action="store_true",

@@ -71,7 +71,8 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
         )
     unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
     if unknown:
-        raise ConfigError(f"unknown layer kind(s) {', '.join(map(repr, unknown))}; valid kinds: {', '.join(LAYER_KINDS)}")
+        raise ConfigError(f"unknown layer kind(s) {', '.join(map(repr, unknown))}; "
+                          f"valid kinds: {', '.join(LAYER_KINDS)}")
     return kinds
 
 

@@ -177,7 +177,8 @@ class CompressorMetadataBuilder(_PersistentBuilder):
             out.copy_(value)
         return CompressorMetadata(common.slot_mapping, *outs)
 
-    def _compressed_slot(self, table: torch.Tensor, request: torch.Tensor, first_position: torch.Tensor) -> torch.Tensor:
+    def _compressed_slot(self, table: torch.Tensor, request: torch.Tensor,
+                         first_position: torch.Tensor) -> torch.Tensor:
         safe = first_position.clamp(min=0)
         block = table[request, torch.div(safe, self.block_size, rounding_mode="floor")]
         return block * (self.block_size // self.ratio) + torch.div(safe % self.block_size, self.ratio,

@@ -107,7 +107,7 @@ def test_failed_replace_keeps_the_old_pair(tmp_path: Path, result: BenchResult,
             raise OSError("disk full")
         real_replace(src, dst)
 
-    monkeypatch.setattr(bench.os, "replace", failing_replace)
+    monkeypatch.setattr(results.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         save_results(result, tmp_path / "run", force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]  # no temporary file left

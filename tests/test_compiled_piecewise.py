@@ -27,7 +27,10 @@ def test_graph_is_split_at_attention_into_pieces(device):
     assert sorted(compiled.wrappers) == ["submod_0", "submod_2", "submod_4"]  # splitting ops stay unwrapped
     graph = runner.cudagraph_manager.graphs[next(iter(runner.cudagraph_manager.graphs))].graph
     assert isinstance(graph, PiecewiseGraph) and (graph.num_segments, graph.num_eager_breaks) == (3, 2)
-    assert graph.describe().splitlines()[1:3] == ["submod_0: 25 ops (graph)" if device == "cpu" else graph.describe().splitlines()[1], "submod_1: eager cglab::unified_attention"]
+    first, second = graph.describe().splitlines()[1:3]
+    assert first.startswith("submod_0: ") and first.endswith(" ops (graph)")  # inductor fuses on a GPU
+    assert (first == "submod_0: 25 ops (graph)") == (device == "cpu")
+    assert second == "submod_1: eager cglab::unified_attention"
     runner.close()
 
 
