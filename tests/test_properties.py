@@ -2,7 +2,7 @@
 replays exactly what eager computes, in every mode and PIECEWISE flavor, and leaves every cache as the
 eager reference does.
 
-Small configs (hidden size 16, up to three layers) keep 160 examples (each compiles a model) within CI's budget.
+Small configs (hidden size 16, up to three layers) keep about a hundred examples (each compiles a model) within CI's budget.
 ``derandomize=True``: the same examples every run, so a failure in CI reproduces locally.
 """
 
@@ -42,7 +42,7 @@ def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
     return st.lists(st.lists(query_len, min_size=1, max_size=max_num_reqs), min_size=1, max_size=MAX_STEPS)
 
 
-@settings(CI, max_examples=160)
+@settings(CI, max_examples=110)
 @given(data=st.data())
 def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) -> None:
     config, mode, flavor = data.draw(engines())
@@ -118,7 +118,7 @@ def test_property_examples_exercise_graphs() -> None:
 STATEFUL_KINDS = tuple(k for k in LAYER_KINDS if k != "attn")
 
 
-@settings(CI, max_examples=30)
+@settings(CI, max_examples=20)
 @given(layers=st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3),
        capture_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
        prompts=st.lists(st.integers(1, 2 * MAX_QUERY), min_size=1, max_size=MAX_REQS),
@@ -158,6 +158,9 @@ def test_legacy_compiled_piecewise_skips_exactly_the_stateful_layers(
         if "sconv" in layers:  # (a compressor's output may not yet depend on its state)
             assert worst > TOLERANCE  # the skipped conv's work is missing from the output
         assert any(differences[n] > TOLERANCE for n in stateful)  # eager wrote what the graph did not
-        # Attention runs eagerly between the pieces, with live metadata: its KV cache is right.
-        assert all(d < TOLERANCE for n, d in differences.items() if n not in stateful), differences
+        # Attention runs eagerly between the pieces, with live metadata: its KV cache is right as long
+        # as no skipped layer came before it (after one, its keys and values are computed from wrong inputs).
+        first_stateful = min(i for i, kind in enumerate(layers) if kind != "attn")
+        upstream = [n for n in differences if n not in stateful and int(n.split(".")[1]) < first_stateful]
+        assert all(differences[n] < TOLERANCE for n in upstream), differences
     runner.close()
