@@ -19,15 +19,16 @@ def test_schedule_mixes_prompt_chunks_with_decodes():
     assert eager_first == [({"req0": [1, 2, 3]}, True), ({"req0": [9]}, False), ({"req0": [8]}, False)]
 
 
-def test_full_and_piecewise_hides_the_bug_on_decode_only_traffic(device):
+def test_full_and_piecewise_hides_the_bug_on_decode_only_traffic(device, replays):
     result = run_repro("full_and_piecewise", legacy_skip_attn=True, steps=12, device=device)
-    assert result.steps_by_mode == {"full": 12}  # every decode step replayed a FULL graph
+    assert result.steps_by_mode == {"full": 12} and replays == {"full": 12}  # every decode step replayed FULL
     assert result.error is None and not result.diverged
 
 
-def test_full_and_piecewise_shows_the_bug_once_mixed_batches_replay_piecewise(device):
+def test_full_and_piecewise_shows_the_bug_once_mixed_batches_replay_piecewise(device, replays):
     result = run_repro("full_and_piecewise", legacy_skip_attn=True, prefill_chunk=4, steps=20, device=device)
     assert result.steps_by_mode.get("piecewise", 0) >= 10  # the prompt chunks mixed with decodes
+    assert replays == {m: n for m, n in result.steps_by_mode.items() if m != "none"}  # really replayed
     assert result.error is None and result.diverged  # still silent
     breakable = run_repro("full_and_piecewise", legacy_skip_attn=True, prefill_chunk=4, steps=20,
                           piecewise_flavor="breakable", device=device)
@@ -36,12 +37,13 @@ def test_full_and_piecewise_shows_the_bug_once_mixed_batches_replay_piecewise(de
 
 @pytest.mark.parametrize("mode", ["full", "full_and_piecewise", "full_decode_only", "piecewise"])
 @pytest.mark.parametrize("flavor", ["compiled", "breakable"])
-def test_fixed_path_matches_eager_with_chunked_prefill(device, mode, flavor):
+def test_fixed_path_matches_eager_with_chunked_prefill(device, mode, flavor, replays):
     result = run_repro(mode, piecewise_flavor=flavor, prefill_chunk=8, steps=24, device=device)
     assert result.error is None and not result.diverged, (result.step_diffs, result.state_diffs)
     assert sum(result.steps_by_mode.values()) == 24
     graph_steps = sum(n for m, n in result.steps_by_mode.items() if m != "none")
     assert graph_steps >= 12  # most steps replayed a graph: the comparison is about graphs
+    assert sum(replays.values()) == graph_steps  # counted where the manager replays, not assumed
     if mode == "full":
         assert set(result.steps_by_mode) <= {"full", "none"}  # plain FULL serves the mixed batches too
     if mode == "full_decode_only":
