@@ -49,3 +49,18 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
     monkeypatch.setattr(CudaGraphManager, "replay", counting_replay)
     return counts
+
+
+@pytest.fixture
+def json_replace_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saving a bench result fails when it moves OUT.json into place ("disk full"), after OUT.csv."""
+    from cglab import results
+
+    real_replace = results.os.replace
+
+    def failing_replace(src: str, dst: str) -> None:
+        if str(dst).endswith(".json"):
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", failing_replace)

@@ -90,15 +90,7 @@ def small_result() -> BenchResult:
 
 
 def test_atomic_write_leaves_nothing_on_error(tmp_path: Path, small_result: BenchResult,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    real_replace = results.os.replace
-
-    def failing_replace(src: str, dst: str) -> None:
-        if str(dst).endswith(".json"):
-            raise OSError("disk full")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(results.os, "replace", failing_replace)
+                                              monkeypatch: pytest.MonkeyPatch, json_replace_fails: None) -> None:
     with pytest.raises(OSError, match="disk full"):
         save_results(small_result, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []  # no CSV without its JSON, no temp files

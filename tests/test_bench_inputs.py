@@ -96,18 +96,9 @@ def test_cli_checks_out_before_measuring(tmp_path: Path, capsys: pytest.CaptureF
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "--out" in err
 
 
-def test_failed_replace_keeps_the_old_pair(tmp_path: Path, result: BenchResult,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_replace_keeps_the_old_pair(tmp_path: Path, result: BenchResult, json_replace_fails: None) -> None:
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text(f"old {suffix}")
-    real_replace = os.replace
-
-    def failing_replace(src: str, dst: str) -> None:
-        if str(dst).endswith("run.json"):
-            raise OSError("disk full")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(results.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         save_results(result, tmp_path / "run", force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]  # no temporary file left
