@@ -14,6 +14,7 @@ between them *is* the bug this suite teaches:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -129,6 +130,20 @@ class CapturedEntry:
     replays: int = 0  # steps this graph served (a test whose steps all ran eagerly proves nothing)
 
 
+@dataclass(frozen=True)
+class CaptureStats:
+    """What capturing every graph cost, as vLLM logs it at start-up: wall time and memory.
+
+    ``seconds`` includes warmups and, for a compiled model, the compilation that its first warmup
+    triggers. ``memory_bytes``: what the backend reports in use after capture minus before (device
+    memory on CUDA, the process's resident memory on the simulator); None where it cannot tell.
+    """
+
+    seconds: float
+    graphs: int
+    memory_bytes: int | None
+
+
 class CudaGraphManager:
     """Captures one graph per descriptor in one memory pool, and replays them.
 
@@ -148,10 +163,14 @@ class CudaGraphManager:
         self.check_addresses = check_addresses
         self.compiled = compiled
         self.graphs: dict[BatchExecutionDescriptor, CapturedEntry] = {}
+        self.capture_stats: CaptureStats | None = None
         self._released = False
 
     def capture(self, create_forward_fn: ForwardFnFactory,
                 progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
+        self.backend.synchronize()
+        memory_before = self.backend.memory_in_use()
+        start = time.perf_counter()
         for desc in self.dispatcher.capture_descriptors():  # PIECEWISE first, then FULL; largest first
             try:
                 if desc.cg_mode is CUDAGraphMode.PIECEWISE and self.compiled is not None:
@@ -168,6 +187,11 @@ class CudaGraphManager:
             self.graphs[desc] = CapturedEntry(graph, output, forward_fn, addresses)
             if progress is not None:
                 progress(desc)
+        self.backend.synchronize()
+        seconds = time.perf_counter() - start
+        memory_after = self.backend.memory_in_use()
+        memory = None if memory_before is None or memory_after is None else memory_after - memory_before
+        self.capture_stats = CaptureStats(seconds, len(self.graphs), memory)
 
     def _capture_compiled_piecewise(self, desc: BatchExecutionDescriptor, create_forward_fn: ForwardFnFactory
                                     ) -> tuple[CaptureForward, CapturedGraph, torch.Tensor]:

@@ -1,11 +1,11 @@
-"""``python -m cglab``: the headless entry points (``repro``, ``bench``; more subcommands register here)."""
+"""``python -m cglab``: the headless entry points (``repro``, ``bench``, ``startup``; more register here)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import torch
@@ -96,20 +96,26 @@ def _run_repro(args: argparse.Namespace) -> int:
     return status
 
 
-def _mode_list(text: str) -> list[str]:
-    """``"none,full"`` -> ``["none", "full"]`` (argparse type: its error message names the argument)."""
-    modes = [part.strip().lower() for part in text.split(",") if part.strip()]
-    if not modes or any(m not in ("none", "piecewise", "full") for m in modes):
-        raise argparse.ArgumentTypeError(f"expected comma-separated modes from none, piecewise, full; got {text!r}")
-    return modes
+def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type for ``"a,b"`` -> ``["a", "b"]``, each name one of ``valid``."""
+    def parse(text: str) -> list[str]:
+        names = [part.strip().lower() for part in text.split(",") if part.strip()]
+        if not names or any(n not in valid for n in names):
+            raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(valid)}; got {text!r}")
+        return names
+
+    return parse
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from cglab.bench.modes import MODE_NAMES
+
     p = sub.add_parser("bench", help="measure one decode step's latency per CUDA graph mode and batch size")
     p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--quick", action="store_true", help="a small CPU-sized run that ends in seconds")
-    p.add_argument("--modes", type=_mode_list, help="default none,piecewise,full")
+    p.add_argument("--modes", type=_name_list(MODE_NAMES),
+                   help="default: every mode the device can run (reduce_overhead needs a GPU)")
     p.add_argument("--batch-sizes", type=int_list, help="default 1,2,4,...,256 (--quick: 1,2,4,8)")
     p.add_argument("--layers", help="layer pattern; default sconv,attn,compressor,attn twice")
     p.add_argument("--hidden-size", type=int)
@@ -125,17 +131,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_bench)
 
 
+def _config_from(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object]:
+    """The options given on the command line (the rest keep the config's defaults); lists as tuples."""
+    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    return {n: tuple(v) if isinstance(v, list) else v for n, v in given.items()} | {"device": args.device}
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from cglab.bench import BenchConfig, check_output, run_bench, save_results
+    from cglab.bench.report import bench_table
 
-    names = ("modes", "batch_sizes", "layers", "hidden_size", "num_heads", "dtype", "repeats", "warmup",
-             "prompt_len", "max_model_len", "seed")
-    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-    given["device"] = args.device
-    if "batch_sizes" in given:
-        given["batch_sizes"] = tuple(given["batch_sizes"])
-    if "modes" in given:
-        given["modes"] = tuple(given["modes"])
+    given = _config_from(args, ("modes", "batch_sizes", "layers", "hidden_size", "num_heads", "dtype", "repeats",
+                                "warmup", "prompt_len", "max_model_len", "seed"))
     config = BenchConfig.quick_preset(**given) if args.quick else BenchConfig(**given)
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
@@ -146,11 +153,51 @@ def _run_bench(args: argparse.Namespace) -> int:
     print(f"{result.device_name}, backend {result.backend}")
     if result.backend == "sim":
         print("  CPU simulator of CUDA graphs: semantics only, not GPU speed")
-    print(f"  {'mode':<10}{'batch':>6}{'median us':>12}{'p10':>10}{'p90':>10}{'floor us':>11}{'launches':>10}"
-          f"{'enqueue us':>12}")
-    for r in result.rows:
-        print(f"  {r['mode']:<10}{r['batch_size']:>6}{r['median_us']:>12.1f}{r['p10_us']:>10.1f}{r['p90_us']:>10.1f}"
-              f"{r['kernel_floor_us']:>11.1f}{r['launches']:>10}{r['enqueue_median_us']:>12.1f}")
+    print(bench_table(result))
+    print(f"wrote {csv_path} and {json_path}")
+    return 0
+
+
+def _add_startup(sub: argparse._SubParsersAction) -> None:
+    from cglab.bench.startup import POLICIES
+
+    p = sub.add_parser("startup", help="measure compile time, warmup and capture time and capture memory of an "
+                                       "engine start, fixed path against the legacy one")
+    p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--quick", action="store_true", help="a small CPU-sized run: FULL_AND_PIECEWISE compiled, "
+                                                        "capture sizes to 8")
+    p.add_argument("--policies", type=_name_list(POLICIES), help=f"default {','.join(POLICIES)}")
+    p.add_argument("--flavors", type=_name_list(PIECEWISE_FLAVORS), help="default compiled,breakable")
+    p.add_argument("--max-capture-size", type=int, help="the default ladder up to this size (default 256)")
+    p.add_argument("--layers", help="layer pattern; default sconv,attn,compressor,attn twice")
+    p.add_argument("--hidden-size", type=int)
+    p.add_argument("--num-heads", type=int)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true", help="print the rows as JSON on the last line")
+    p.add_argument("--force", action="store_true", help="overwrite OUT.csv / OUT.json if they exist")
+    p.set_defaults(func=_run_startup)
+
+
+def _run_startup(args: argparse.Namespace) -> int:
+    from cglab.bench import check_output
+    from cglab.bench.report import startup_table
+    from cglab.bench.startup import StartupConfig, measure_startup, save_startup
+
+    given = _config_from(args, ("policies", "flavors", "max_capture_size", "layers", "hidden_size", "num_heads",
+                                "dtype", "max_model_len", "seed"))
+    config = StartupConfig.quick_preset(**given) if args.quick else StartupConfig(**given)
+    check_output(args.out, args.force)
+    result = measure_startup(config)
+    csv_path, json_path = save_startup(result, args.out, force=args.force)
+    if args.json:
+        print(json.dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
+        return 0
+    print(f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
+          f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})")
+    print(startup_table(result))
     print(f"wrote {csv_path} and {json_path}")
     return 0
 
@@ -160,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_repro(sub)
     _add_bench(sub)
+    _add_startup(sub)
     return parser
 
 

@@ -13,14 +13,17 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from cglab.bench import BenchResult
+from cglab.bench import BENCH_MODES, BenchResult
 
-__all__ = ["SIM_LABEL", "plot_kernel_floor", "plot_latency", "plot_overview", "plot_piecewise_break_cost",
-           "plot_speedup"]
+__all__ = ["SIM_LABEL", "plot_kernel_floor", "plot_ladder", "plot_latency", "plot_overview",
+           "plot_piecewise_break_cost", "plot_speedup"]
 
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
-_STYLE = {"none": ("eager (NONE)", "tab:red", "o"), "piecewise": ("PIECEWISE", "tab:orange", "s"),
-          "full": ("FULL", "tab:blue", "^")}
+_STYLE = {mode: (BENCH_MODES[mode].label, color, marker) for mode, color, marker in (
+    ("none", "tab:red", "o"), ("piecewise", "tab:orange", "s"), ("full", "tab:blue", "^"),
+    ("compiled_piecewise", "tab:olive", "D"), ("compiled_full", "tab:green", "v"),
+    ("reduce_overhead", "tab:purple", "x"))}
+_FLOOR_MODES = ("full", "compiled_full")  # one launch a step: what is left above their floors is inside the graph
 
 
 def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -32,6 +35,7 @@ def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
         ax.plot(sizes, median, marker=marker, color=color, label=label)
         ax.fill_between(sizes, result.series(mode, "p10_us")[1], result.series(mode, "p90_us")[1], color=color,
                         alpha=0.25, linewidth=0)
+    _roofline(ax, result)
     ax.set_ylabel("step latency, µs (median; band: p10-p90)")
     ax.set_ylim(bottom=0)
     return _finish(ax, result, "Decode-step latency", _all_sizes(result))
@@ -45,7 +49,7 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
     eager = _by_size(result, "none", "median_us")
     eager_launches = _by_size(result, "none", "launches")
     notes = []
-    for mode in (m for m in ("piecewise", "full") if m in result.modes):
+    for mode in (m for m in result.modes if m != "none"):
         label, color, marker = _STYLE[mode]
         sizes, median = result.series(mode, "median_us")
         ratio = [eager[s] / m for s, m in zip(sizes, median)]
@@ -61,28 +65,61 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
-    """FULL replay latency against its kernel floor (the summed kernel time: launching for free)."""
+    """FULL (and compiled FULL) replay latency against its kernel floor (the summed kernel time: launching
+    for free), and the roofline below both (the weights read once at the memory's bandwidth)."""
     ax = _axes(ax)
-    title = "FULL replay against the kernel floor"
-    if "full" not in result.modes:
+    title = "One-launch replays against the kernel floor"
+    modes = [m for m in _FLOOR_MODES if m in result.modes]
+    if not modes:
         return _missing(ax, result, title, "needs the FULL mode in the run")
-    sizes, median = result.series("full", "median_us")
-    floor = result.series("full", "kernel_floor_us")[1]
-    if all(math.isnan(f) for f in floor):
+    floors = {m: result.series(m, "kernel_floor_us")[1] for m in modes}
+    if all(math.isnan(f) for floor in floors.values() for f in floor):
         return _missing(ax, result, title, "no kernel floor was recorded")
-    _, color, marker = _STYLE["full"]
-    ax.plot(sizes, median, marker=marker, color=color, label="FULL replay (median)")
-    ax.fill_between(sizes, result.series("full", "p10_us")[1], result.series("full", "p90_us")[1], color=color,
-                    alpha=0.25, linewidth=0)
-    what = "summed aten op CPU time" if result.backend == "sim" else "summed kernel time"
-    ax.plot(sizes, floor, color="black", linestyle="--", marker=".", label=f"kernel floor ({what})")
-    for s, m, f in zip(sizes, median, floor):
-        if not math.isnan(f) and f > 0:
-            ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, m), textcoords="offset points", xytext=(0, 6),
-                        ha="center", fontsize=7)
-    ax.set_ylabel("µs per step (labels: replay over floor)")
+    what = "summed aten op CPU time, under the profiler" if result.backend == "sim" else "summed kernel time"
+    for mode in modes:
+        label, color, marker = _STYLE[mode]
+        sizes, median = result.series(mode, "median_us")
+        ax.plot(sizes, median, marker=marker, color=color, label=f"{label} replay (median)")
+        ax.fill_between(sizes, result.series(mode, "p10_us")[1], result.series(mode, "p90_us")[1], color=color,
+                        alpha=0.25, linewidth=0)
+        ax.plot(sizes, floors[mode], color=color, linestyle="--", marker=".", label=f"{label} kernel floor ({what})")
+        for s, m, f in zip(sizes, median, floors[mode]):
+            if not math.isnan(f) and f > 0:
+                ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, m), textcoords="offset points", xytext=(0, 6),
+                            ha="center", fontsize=7, color=color)
+    _roofline(ax, result)
+    ax.set_ylabel("µs per step (labels: replay over its floor)")
     ax.set_ylim(bottom=0)
-    return _finish(ax, result, title, sizes)
+    return _finish(ax, result, title, _all_sizes(result))
+
+
+def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | None = None) -> Axes:
+    """One bar per mode at one batch size (default: the smallest), labelled with its launches and kernels
+    per step; the kernel floor of each bar and the roofline as lines."""
+    from cglab.bench.report import ladder
+
+    ax = _axes(ax)
+    batch_size = min(_all_sizes(result)) if batch_size is None else batch_size
+    rows = ladder(result, batch_size)
+    title = f"The ladder at batch {batch_size}"
+    if not rows:
+        return _missing(ax, result, title, f"no rows at batch {batch_size}")
+    x = range(len(rows))
+    ax.bar(x, [r["median_us"] for r in rows], color=[_STYLE[r["mode"]][1] for r in rows], alpha=0.8)
+    for i, r in enumerate(rows):
+        if not math.isnan(r["kernel_floor_us"]):
+            ax.hlines(r["kernel_floor_us"], i - 0.4, i + 0.4, color="black", linestyle="--", linewidth=1,
+                      label="kernel floor" if i == 0 else None)
+        ax.annotate(f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels",
+                    (i, r["median_us"]), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+    _roofline(ax, result)
+    ax.set_xticks(list(x), [r["label"].replace(" ", "\n", 1) for r in rows], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("step latency, µs (median, log scale)")
+    ax.grid(True, axis="y", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper right")
+    return _title(ax, result, title)
 
 
 def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -165,6 +202,16 @@ def _note(ax: Axes, text: str) -> None:
     if text:
         ax.text(0.98, 0.03, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
                 bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"})
+
+
+def _roofline(ax: Axes, result: BenchResult) -> None:
+    """The weights read once per step at the measured bandwidth, if the result recorded it."""
+    env = result.environment
+    if env.get("roofline_us") is None:
+        return
+    ax.axhline(env["roofline_us"], color="gray", linestyle="-.", linewidth=1.2,
+               label=f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
+                     f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)")
 
 
 def _by_size(result: BenchResult, mode: str, column: str) -> dict[int, float]:

@@ -54,7 +54,7 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 @pytest.fixture
 def json_replace_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """Saving a bench result fails when it moves OUT.json into place ("disk full"), after OUT.csv."""
-    from cglab import results
+    from cglab.bench import files as results
 
     real_replace = results.os.replace
 

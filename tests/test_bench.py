@@ -13,16 +13,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
 
-from cglab import results  # noqa: E402
-from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, save_results  # noqa: E402
-from cglab.cli import main  # noqa: E402
-from cglab.errors import ConfigError  # noqa: E402
-from cglab.plots import (  # noqa: E402
+from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, save_results
+from cglab.bench import files as results
+from cglab.cli import main
+from cglab.errors import ConfigError
+from cglab.plots import (
     SIM_LABEL,
     plot_kernel_floor,
+    plot_ladder,
     plot_latency,
     plot_overview,
     plot_piecewise_break_cost,
@@ -30,9 +31,10 @@ from cglab.plots import (  # noqa: E402
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-RECORDED = sorted(DATA.glob("*.csv"))
-TINY = ["bench", "--quick", "--device", "cpu", "--batch-sizes", "1,2", "--repeats", "5", "--warmup", "1"]
-PLOTS = (plot_latency, plot_speedup, plot_kernel_floor, plot_piecewise_break_cost)
+RECORDED = sorted(p for p in DATA.glob("*.csv") if "_startup_" not in p.stem)  # latency runs
+TINY = ["bench", "--quick", "--device", "cpu", "--batch-sizes", "1,2", "--repeats", "5", "--warmup", "1",
+        "--modes", "none,piecewise,full"]
+PLOTS = (plot_latency, plot_speedup, plot_kernel_floor, plot_piecewise_break_cost, plot_ladder)
 
 
 def _plot_all(result: BenchResult) -> list[str]:
@@ -43,25 +45,36 @@ def _plot_all(result: BenchResult) -> list[str]:
     return titles
 
 
-def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "quick"
     assert main(["bench", "--quick", "--device", "cpu", "--out", str(out), "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capfd.readouterr()
+    assert "USDT:" not in captured.err  # the profiler's C-level log lines are dropped, not shown
+    summary = json.loads(captured.out.strip().splitlines()[-1])
     result = load_results(out)
     assert summary["rows"] == result.rows and summary["backend"] == "sim"
-    assert {(r["mode"], r["batch_size"]) for r in result.rows} == {
-        (m, b) for m in ("none", "piecewise", "full") for b in (1, 2, 4, 8)}
+    cpu_modes = ("none", "piecewise", "full", "compiled_piecewise", "compiled_full")  # the peer needs a GPU
+    assert {(r["mode"], r["batch_size"]) for r in result.rows} == {(m, b) for m in cpu_modes for b in (1, 2, 4, 8)}
     assert list(result.rows[0])[: len(CSV_COLUMNS)] == list(CSV_COLUMNS)
     for r in result.rows:
         assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] and r["kernel_floor_us"] > 0
-        graph_launches = {"none": 0, "full": 1, "piecewise": r["graph_segments"]}[r["mode"]]
+        graph_launches = {"none": 0, "full": 1, "compiled_full": 1}.get(r["mode"], r["graph_segments"])
         assert r["launches"] >= graph_launches
     by_mode = {r["mode"]: r for r in result.rows if r["batch_size"] == 1}
     assert by_mode["full"]["launches"] == 1 < by_mode["piecewise"]["launches"] < by_mode["none"]["launches"]
     assert by_mode["none"]["launches"] == by_mode["none"]["kernels"] == by_mode["full"]["kernels"]
+    # Compiled PIECEWISE replays the same pieces as breakable PIECEWISE: one launch per piece, attention's
+    # ops one by one between them (counted through the compiled forward, not the breakable loop).
+    assert by_mode["compiled_piecewise"]["launches"] == by_mode["piecewise"]["launches"]
+    assert by_mode["compiled_piecewise"]["graph_segments"] == by_mode["piecewise"]["graph_segments"] == 3
+    assert by_mode["compiled_full"]["launches"] == 1 and by_mode["compiled_full"]["kernels"] == by_mode["full"]["kernels"]
     env = result.environment
     assert env["backend"] == "sim" and env["torch"] and env["date"] and env["host_cpu"]
     assert env["piecewise_flavor"] == "breakable"  # what the recorded runs measured
+    assert set(env["startup_seconds"]) == set(cpu_modes) - {"none"}
+    assert env["startup_seconds"]["compiled_full"]["compile"] > 0 and env["startup_seconds"]["full"]["compile"] is None
+    # The roofline as recorded: the weights over the bandwidth (saved rounded to 0.1 GB/s).
+    assert env["roofline_us"] == pytest.approx(env["weight_bytes"] / env["memory_bandwidth_gb_s"] / 1e3, rel=0.01)
     assert result.config["quick"] is True and result.config["toy_config"]["capture_sizes"] == [1, 2, 4, 8]
     assert all(SIM_LABEL in title for title in _plot_all(result))
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from cglab import bench
-from cglab.bench import _MARKER, _attribute, _profile, _stats, _Window
+from cglab.bench import profiling
+from cglab.bench.profiling import MARKER, Window, attribute, profile_steps
+from cglab.bench.timing import stats
 
 CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
@@ -23,7 +23,7 @@ CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     ([0.1234567, 0.1234567, 1.0], (0.123, 0.123, 0.825)),  # rounded to the nanosecond
 ])
 def test_stats_are_median_and_inclusive_deciles(samples: list[float], expected: tuple[float, float, float]) -> None:
-    assert _stats(samples) == expected
+    assert stats(samples) == expected
 
 
 @dataclass
@@ -53,7 +53,7 @@ class _Event:
 
 
 def _markers(*spans: tuple[str, float, float]) -> list[_Event]:
-    return [_Event(f"{_MARKER}{key}", start, end) for key, start, end in spans]
+    return [_Event(f"{MARKER}{key}", start, end) for key, start, end in spans]
 
 
 def test_cpu_kernel_floor_is_the_summed_self_time_of_the_steps_aten_ops() -> None:
@@ -64,7 +64,7 @@ def test_cpu_kernel_floor_is_the_summed_self_time_of_the_steps_aten_ops() -> Non
         _Event("aten::mm", 110, 130, self_cpu_time_total=4.0, id=4),
         _Event("aten::mm", 300, 310, self_cpu_time_total=99.0, id=5),  # outside every step
     ]
-    windows, seen = _attribute(events, cuda=False)
+    windows, seen = attribute(events, cuda=False)
     first, second = windows["full", 1, 0], windows["full", 1, 1]
     assert (first.time_us, first.events, first.first_start, first.last_end) == (9.75, 2, 10, 40)
     assert (second.time_us, second.events, second.ids) == (4.0, 1, {4})
@@ -73,14 +73,14 @@ def test_cpu_kernel_floor_is_the_summed_self_time_of_the_steps_aten_ops() -> Non
 
 def test_cuda_kernel_floor_is_the_summed_kernel_durations() -> None:
     events = _markers(("piecewise/2/0", 0, 100)) + [
-        _Event(f"{_MARKER}piecewise/2/0", 0, 100, device_type=CUDA),  # the range's GPU-side copy
+        _Event(f"{MARKER}piecewise/2/0", 0, 100, device_type=CUDA),  # the range's GPU-side copy
         _Event("gemm", 10, 13, device_type=CUDA, id=7, activity_type="kernel"),  # two kernels of
         _Event("add", 20, 21.5, device_type=CUDA, id=7, activity_type="kernel"),  # one graph launch
         _Event("Memcpy", 40, 42, device_type=CUDA, id=8, activity_type="gpu_memcpy"),
         _Event("overhead", 50, 90, device_type=CUDA, id=9, activity_type="gpu_user_annotation"),
         _Event("aten::mm", 5, 95, self_cpu_time_total=80.0, id=10),  # host time: not device work
     ]
-    windows, _ = _attribute(events, cuda=True)
+    windows, _ = attribute(events, cuda=True)
     step = windows["piecewise", 2, 0]
     assert (step.time_us, step.events, step.ids, step.first_start, step.last_end) == (6.5, 3, {7, 8}, 10, 42)
 
@@ -88,11 +88,11 @@ def test_cuda_kernel_floor_is_the_summed_kernel_durations() -> None:
 def test_profiled_row_takes_the_median_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-step floors 5, 7 and 100 us: the row's floor is 7 (the mean would be 37.333), its span the median span."""
     floors, spans = (5.0, 100.0, 7.0), (9.0, 120.0, 11.0)
-    windows = {("full", 1, k): _Window(time_us=t, events=1, first_start=0.0, last_end=s)
+    windows = {("full", 1, k): Window(time_us=t, events=1, first_start=0.0, last_end=s)
                for k, (t, s) in enumerate(zip(floors, spans))}
-    monkeypatch.setattr(bench, "_prepare", lambda runner, mode, batch_size, decode: None)
-    monkeypatch.setattr(bench, "_attribute", lambda events, cuda: (windows, {}))
-    runner = SimpleNamespace(execute=lambda prepared: None)
+    monkeypatch.setattr(profiling, "attribute", lambda events, cuda: (windows, {}))
+    runs = []
     row = {"mode": "full", "batch_size": 1, "kernel_floor_us": math.nan, "kernel_span_us": math.nan}
-    _profile({"full": runner}, [row], SimpleNamespace(batch_sizes=(1,), profile_steps=3), [0], {"backend": "sim"})
+    profile_steps(lambda mode, batch_size: lambda: runs.append((mode, batch_size)), [row], 3, False, {})
     assert (row["kernel_floor_us"], row["kernel_span_us"]) == (7.0, 11.0)
+    assert runs == [("full", 1)] * 4  # one unprofiled run after the prepare, then the three profiled ones

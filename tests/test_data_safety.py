@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cglab import ConfigError, results
+from cglab import ConfigError
 from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
+from cglab.bench import files as results
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ trace again). Graphs are then captured per size from that one compiled graph.
 from __future__ import annotations
 
 import contextlib
+import time
 import types
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from cglab.compilation.backends import CglabBackend
 from cglab.errors import CaptureError
 
 
-def _fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
+def fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
     """``model.forward`` with a code object of its own.
 
     Dynamo keeps compiled graphs per code object, and caps how many it keeps. vLLM has one model per
@@ -47,7 +48,10 @@ class CompiledModel:
     def __init__(self, model: nn.Module, backend: CglabBackend) -> None:
         self.model = model
         self.backend = backend
-        self._compiled = torch.compile(_fresh_forward(model), backend=backend, fullgraph=True, dynamic=False,
+        # Wall time of the call that compiled (tracing, splitting, compiling the pieces, one run):
+        # vLLM logs this apart from capture time, since caches can remove it and nothing else.
+        self.compile_seconds: float | None = None
+        self._compiled = torch.compile(fresh_forward(model), backend=backend, fullgraph=True, dynamic=False,
                                        options={"guard_filter_fn": lambda guards: [False for _ in guards]})
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -55,9 +59,10 @@ class CompiledModel:
             return self._compiled(input_ids, positions)
         torch._dynamo.mark_dynamic(input_ids, 0)
         torch._dynamo.mark_dynamic(positions, 0)
+        start = time.perf_counter()
         try:
             with _size_oblivious():
-                return self._compiled(input_ids, positions)
+                out = self._compiled(input_ids, positions)
         except torch._dynamo.exc.TorchDynamoException as exc:
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise CaptureError(
@@ -65,3 +70,5 @@ class CompiledModel:
                 "its custom ops is traced once for every size: keep host reads (.item(), printing) and "
                 "data-dependent branches out of it, inside a custom op or before the step; or use "
                 "piecewise_flavor='breakable', which does not compile") from exc
+        self.compile_seconds = time.perf_counter() - start
+        return out

@@ -312,6 +312,10 @@ class GraphBackend(ABC):
     def synchronize(self) -> None:
         """Wait for queued device work (for timing)."""
 
+    def memory_in_use(self) -> int | None:
+        """Bytes in use where this backend's graphs keep their memory, or None if it cannot tell."""
+        return None
+
     @abstractmethod
     def _session(self) -> CaptureSession: ...
 

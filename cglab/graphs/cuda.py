@@ -170,6 +170,13 @@ class CudaBackend(GraphBackend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    def memory_in_use(self) -> int:
+        """Device memory in use as the driver counts it (the pool, the graphs themselves, workspaces),
+        after the caching allocator has returned its free blocks: only memory really held counts."""
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
+
     def _session(self) -> CaptureSession:
         return _CudaSession(self)
 

@@ -11,6 +11,7 @@ on a GPU.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -269,6 +270,14 @@ class SimBackend(GraphBackend):
         # Nothing is asynchronous on the CPU; tensors on a GPU still run asynchronously.
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def memory_in_use(self) -> int | None:
+        """The process's resident memory (recorded tensors live in ordinary host memory); None off Linux."""
+        try:
+            with open("/proc/self/statm", encoding="ascii") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _session(self) -> CaptureSession:
         return _SimSession()

@@ -15,14 +15,16 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from cglab.bench.modes import MODE_NAMES
 from cglab.errors import ConfigError
 
-__all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "RUNTIME_MODES", "BenchResult", "check_output", "load_results",
-           "result_paths", "save_results"]
+__all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "BenchResult", "check_output", "load_results", "read_pair",
+           "result_paths", "save_pair", "save_results"]
 
 CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
 EXTRA_COLUMNS = ("host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us", "kernel_span_us", "kernels",
@@ -33,8 +35,12 @@ _STR_COLUMNS = frozenset({"mode", "backend"})
 # Timed in every row; kernel_floor_us and kernel_span_us may be nan (the profiler saw no GPU work).
 _MEASURED = frozenset({"median_us", "p10_us", "p90_us", "host_median_us", "host_p10_us", "host_p90_us",
                        "enqueue_median_us"})
-FORMAT = "cglab-bench/1"
-RUNTIME_MODES = ("none", "piecewise", "full")
+# Counts that may be unknown: the peer's structure is torch's, and only a GPU profiler sees its launches.
+_MAYBE_UNCOUNTED = frozenset({"launches", *EXTRA_COLUMNS})
+# /2 added the compiled rows, the peer and the roofline; /1 files (three modes) still read.
+FORMAT = "cglab-bench/2"
+T = TypeVar("T")
+_READABLE_FORMATS = ("cglab-bench/1", FORMAT)
 
 
 @dataclass
@@ -56,7 +62,7 @@ class BenchResult:
     @property
     def modes(self) -> list[str]:
         present = {r["mode"] for r in self.rows}
-        return [m for m in RUNTIME_MODES if m in present]
+        return [m for m in MODE_NAMES if m in present]
 
     def series(self, mode: str, column: str) -> tuple[list[int], list[float]]:
         """Batch sizes and one column's values for ``mode``, in batch-size order."""
@@ -105,8 +111,16 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
 
 
 def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
-    """Write ``PATH.csv`` and ``PATH.json`` as a pair: both go to temporary files beside their
-    targets, and are renamed over them (``os.replace``) only once both are written.
+    """Write a benchmark result as ``PATH.csv`` and ``PATH.json`` (see ``save_pair``)."""
+    columns = [*CSV_COLUMNS, *(c for c in EXTRA_COLUMNS if any(c in r for r in result.rows))]
+    sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config, "columns": columns}
+    return save_pair(path, result.rows, columns, sidecar, force)
+
+
+def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns: list[str],
+              sidecar: dict[str, Any], force: bool = False) -> tuple[Path, Path]:
+    """Write ``rows`` as ``PATH.csv`` and ``sidecar`` as ``PATH.json``, as a pair: both go to temporary
+    files beside their targets, and are renamed over them (``os.replace``) only once both are written.
 
     If the second rename fails, the first is undone (the old file comes back from a hard-link
     backup), so the pair on disk is either the old one or the new one, and no temporary file stays.
@@ -114,17 +128,15 @@ def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool 
     check_output(path, force)
     targets = result_paths(path)
     targets[0].parent.mkdir(parents=True, exist_ok=True)
-    columns = [*CSV_COLUMNS, *(c for c in EXTRA_COLUMNS if any(c in r for r in result.rows))]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for row in result.rows:
+    for row in rows:
         writer.writerow({c: _format(row.get(c, math.nan)) for c in columns})
     temps: list[Path] = []
     backups: dict[Path, Path] = {}
     placed: list[Path] = []
     try:
-        sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config, "columns": columns}
         for target, text in zip(targets, (buffer.getvalue(), json.dumps(sidecar, indent=2) + "\n")):
             temps.append(_write_temp(target, text))
         for target in targets:
@@ -191,28 +203,39 @@ def load_results(path: str | os.PathLike[str]) -> BenchResult:
     A damaged pair is refused: no rows, missing or repeated (mode, batch size) rows against the
     JSON's config, unknown modes, fractional counts, non-finite or negative timings.
     """
+    def parse(lines: list[dict[str | None, str | None]], sidecar: dict[str, Any]) -> BenchResult:
+        rows = [_parse_row(line, row) for line, row in enumerate(lines, start=2)]
+        result = BenchResult(rows, dict(sidecar["environment"]), dict(sidecar["config"]))
+        _check_rows(result)
+        return result
+
+    return read_pair(path, CSV_COLUMNS, _READABLE_FORMATS, "benchmark results", "python -m cglab bench", parse)
+
+
+def read_pair(path: str | os.PathLike[str], columns: Sequence[str], formats: tuple[str, ...], what: str, command: str,
+              parse: Callable[[list[dict[str | None, str | None]], dict[str, Any]], T]) -> T:
+    """``parse(csv rows as text, sidecar)`` of the pair at ``path``. A CSV without ``columns``, a sidecar
+    of another format, or anything ``parse`` rejects (ValueError, KeyError, TypeError) becomes one
+    ConfigError saying how to make the pair again with ``command``."""
     csv_path, json_path = result_paths(path)
     base = csv_path.with_suffix("")
     for p in (csv_path, json_path):
         if not p.is_file():
-            raise ConfigError(f"no benchmark results at {p}; check the path, or make them with "
-                              f"`python -m cglab bench --out {base}`")
+            raise ConfigError(f"no {what} at {p}; check the path, or make them with `{command} --out {base}`")
     try:
         with open(csv_path, encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f)
-            missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
             if missing:
                 raise ValueError(f"missing column(s) {', '.join(missing)}")
-            rows = [_parse_row(line, row) for line, row in enumerate(reader, start=2)]
+            lines = list(reader)
         sidecar = json.loads(json_path.read_text(encoding="utf-8"))
-        if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT:
-            raise ValueError(f"{json_path.name} is not a {FORMAT} sidecar")
-        result = BenchResult(rows, dict(sidecar["environment"]), dict(sidecar["config"]))
-        _check_rows(result)
-        return result
+        if not isinstance(sidecar, dict) or sidecar.get("format") not in formats:
+            raise ValueError(f"{json_path.name} is not a {formats[-1]} sidecar")
+        return parse(lines, sidecar)
     except (ValueError, KeyError, TypeError, csv.Error) as exc:
-        raise ConfigError(f"{base} is not a usable cglab bench result: {exc}; re-record it with "
-                          f"`python -m cglab bench --out {base}`") from None
+        raise ConfigError(f"{base} is not a usable cglab result: {exc}; re-record it with "
+                          f"`{command} --out {base}`") from None
 
 
 def _parse_row(line: int, row: dict[str | None, str | None]) -> dict[str, Any]:
@@ -237,8 +260,8 @@ def _parse(column: str | None, text: str | None) -> Any:
     except ValueError:
         raise ValueError(f"{column} {text!r} is not a number") from None
     if column in _INT_COLUMNS:
-        if math.isnan(value) and column in EXTRA_COLUMNS:
-            return value  # written for a row that lacked a column other rows have
+        if math.isnan(value) and column in _MAYBE_UNCOUNTED:
+            return value  # not counted for this row (or a column other rows have)
         if not value.is_integer() or value < 0:  # int(1.5) would silently read 1
             raise ValueError(f"{column} must be a whole number >= 0, got {text!r}")
         return int(value)
@@ -256,8 +279,8 @@ def _check_rows(result: BenchResult) -> None:
     seen: set[tuple[str, int]] = set()
     for line, row in enumerate(result.rows, start=2):
         key = (row["mode"], row["batch_size"])
-        if key[0] not in RUNTIME_MODES:
-            raise ValueError(f"line {line}: unknown mode {key[0]!r} (expected one of {', '.join(RUNTIME_MODES)})")
+        if key[0] not in MODE_NAMES:
+            raise ValueError(f"line {line}: unknown mode {key[0]!r} (expected one of {', '.join(MODE_NAMES)})")
         if key[1] < 1:
             raise ValueError(f"line {line}: batch_size must be >= 1, got {key[1]}")
         if key in seen:

@@ -1,0 +1,133 @@
+"""What a benchmark run measures (``BenchConfig``), and the limits it refuses to go beyond.
+
+The limits are cglab's own choices, not the hardware's: far above any run that ends in minutes, low
+enough that a typo (``--repeats 1000000000``, ``--hidden-size 1000000``) fails at once in one line
+instead of hanging the machine or exhausting its memory mid-run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cglab.bench.modes import BENCH_MODES, MODE_NAMES, available_modes
+from cglab.config import ToyConfig, parse_layer_pattern
+from cglab.errors import ConfigError
+
+__all__ = ["LIMIT_NOTE", "MAX_BATCH", "MAX_LAYERS", "MAX_MEMORY_GIB", "BenchConfig", "check_bounds",
+           "memory_estimate"]
+
+MAX_BATCH = 1024
+MAX_LAYERS = 256
+MAX_MEMORY_GIB = 16  # the whole run, all runners; by this estimate the defaults (six modes) need about 9 GiB
+BLOCK_SIZE = 4
+# Said wherever a limit refuses a value, so nobody mistakes it for a property of their GPU.
+LIMIT_NOTE = "(a limit cglab sets against typos, not a hardware limit)"
+_BOUNDS = {"num_heads": (1, 256), "hidden_size": (1, 8192), "repeats": (5, 100_000), "warmup": (0, 10_000),
+           "profile_steps": (1, 100), "prompt_len": (1, 8192), "max_model_len": (2, 8192)}
+
+
+def check_bounds(owner: object, bounds: dict[str, tuple[int, int]]) -> None:
+    """Every named field of ``owner`` an integer within its bounds, else one ConfigError naming it."""
+    for name, (low, high) in bounds.items():
+        value = getattr(owner, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"{name} must be an integer from {low} to {high} {LIMIT_NOTE}, got {value!r}")
+
+
+def memory_estimate(toy: ToyConfig, n_runners: int) -> int:
+    """Rough bytes a run holds: per runner, weights (about 10 hidden^2 per layer), the paged caches
+    (keys and values of every cache slot) and FULL attention's gather of max_model_len keys per request."""
+    itemsize = 4 if toy.dtype == "float32" else 2
+    h = toy.hidden_size
+    per_layer = 10 * h * h + 2 * toy.num_blocks * toy.block_size * h + 2 * toy.max_num_reqs * toy.max_model_len * h
+    return n_runners * len(toy.layers) * per_layer * itemsize
+
+
+def check_memory(toy: ToyConfig, n_runners: int, what: str) -> None:
+    """Refuse a run whose ``memory_estimate`` exceeds ``MAX_MEMORY_GIB``."""
+    gib = memory_estimate(toy, n_runners) / 2**30
+    if gib > MAX_MEMORY_GIB:
+        raise ConfigError(f"this run would need about {gib:.0f} GiB ({what}, {len(toy.layers)} layers, hidden "
+                          f"{toy.hidden_size}, {toy.max_num_reqs} requests of up to {toy.max_model_len} tokens), "
+                          f"above the {MAX_MEMORY_GIB} GiB limit {LIMIT_NOTE}; use fewer layers, a smaller "
+                          "hidden_size, fewer modes, smaller batch sizes or max_model_len")
+
+
+def parse_modes(modes: object, device_type: str) -> tuple[str, ...]:
+    """Row kinds in ladder order; ``None``: every one the device can measure."""
+    if modes is None:
+        return available_modes(device_type)
+    names = modes.split(",") if isinstance(modes, str) else modes
+    if not isinstance(names, (list, tuple)) or not all(isinstance(m, str) for m in names):
+        raise ConfigError(f"modes must be names such as ('none', 'full'), got {modes!r}")
+    chosen = {m.strip().lower() for m in names if m.strip()}
+    if not chosen or not chosen <= set(MODE_NAMES):
+        raise ConfigError(f"modes must be some of {', '.join(MODE_NAMES)}, got {sorted(chosen)}")
+    gpu_only = sorted(m for m in chosen if BENCH_MODES[m].cuda_only and device_type != "cuda")
+    if gpu_only:
+        raise ConfigError(f"mode {gpu_only[0]} needs a CUDA GPU (torch.compile's CUDA graph trees run on CUDA "
+                          "only); drop it from the modes or use device 'cuda'")
+    return tuple(m for m in MODE_NAMES if m in chosen)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure. The defaults are the GPU-sized model: 8 layers, hidden 1024, bf16, batch 1-256.
+
+    ``modes=None`` measures every row kind the device can (``cglab.bench.modes``).
+    ``max_model_len`` is small on purpose: a FULL graph's attention reads ``max_model_len`` keys
+    (capture-safe metadata, fixed at capture), PIECEWISE and eager attention read the live
+    ``prompt_len + 1``; a long key range would make the toy's gather, not launching, the story.
+    Capture sizes equal the batch sizes, so no padding is ever timed.
+    """
+
+    layers: str = "sconv,attn,compressor,attn,sconv,attn,compressor,attn"
+    hidden_size: int = 1024
+    num_heads: int = 8
+    dtype: str = "bfloat16"
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    modes: tuple[str, ...] | None = None
+    repeats: int = 300  # timed steps per mode and batch size
+    warmup: int = 20  # untimed steps first (lazy init, clocks, caches, compiles of the peer)
+    device: str = "cpu"
+    prompt_len: int = 32  # history of every request before the timed decode step
+    max_model_len: int = 128
+    profile_steps: int = 3  # profiled steps per mode and batch size (kernel floor, launches)
+    seed: int = 0
+    quick: bool = False  # built by quick_preset(): a CPU run that ends in seconds
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "layers", ",".join(parse_layer_pattern(self.layers)))
+        sizes = tuple(self.batch_sizes)
+        if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= MAX_BATCH for s in sizes):
+            raise ConfigError(f"batch sizes must be integers from 1 to {MAX_BATCH} {LIMIT_NOTE}, got {list(sizes)}")
+        set_(self, "batch_sizes", tuple(sorted(set(sizes))))
+        device_type = str(self.device).split(":")[0]
+        set_(self, "modes", parse_modes(self.modes, device_type))
+        n_layers = len(self.layers.split(","))
+        if n_layers > MAX_LAYERS:
+            raise ConfigError(f"layers: {n_layers} layers exceed the limit of {MAX_LAYERS} {LIMIT_NOTE}; "
+                              "use a shorter pattern")
+        check_bounds(self, _BOUNDS)
+        if self.max_model_len <= self.prompt_len:
+            raise ConfigError(f"max_model_len ({self.max_model_len}) must exceed prompt_len ({self.prompt_len}): "
+                              "the timed decode step adds one token")
+        check_memory(self.toy_config(), len(self.modes), f"{len(self.modes)} runners")
+
+    @classmethod
+    def quick_preset(cls, **overrides: Any) -> BenchConfig:
+        """The small CPU run (well under a minute): 4 layers, hidden 32, fp32, batch 1-8, 20 repeats."""
+        quick = dict(layers="sconv,attn,compressor,attn", hidden_size=32, num_heads=2, dtype="float32",
+                     batch_sizes=(1, 2, 4, 8), repeats=20, warmup=3, prompt_len=8, max_model_len=32, profile_steps=2)
+        return cls(**{**quick, "quick": True, **overrides})
+
+    def toy_config(self) -> ToyConfig:
+        """The engine's config: one request per batch row, caches just large enough for the run."""
+        pool = max(self.batch_sizes)
+        blocks_per_request = -(-(self.prompt_len + 1) // BLOCK_SIZE)
+        return ToyConfig(layers=self.layers, hidden_size=self.hidden_size, num_heads=self.num_heads, dtype=self.dtype,
+                         block_size=BLOCK_SIZE, num_blocks=pool * blocks_per_request, max_num_reqs=pool,
+                         max_model_len=self.max_model_len, max_num_batched_tokens=max(pool, self.prompt_len),
+                         capture_sizes=self.batch_sizes, seed=self.seed)

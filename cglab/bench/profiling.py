@@ -1,0 +1,156 @@
+"""The profiler's view of a step: its kernel floor, kernel span, kernels and launches.
+
+Each profiled step runs inside a named range and ends with a synchronisation, so every device
+event lies inside its step's range on the shared timeline: events are attributed by their midpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import tempfile
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["MARKER", "Window", "attribute", "profile_steps", "without_profiler_log_lines"]
+
+MARKER = "cglab.bench/"
+_WORK_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# torch's profiler (kineto) writes these from C++ straight to file descriptor 2 when it starts and
+# stops, e.g. "USDT:2026-12-01 09:03:30 ... profiler_start": log noise, not a message for the user.
+_LOG_PREFIX = b"USDT:"
+
+
+@contextmanager
+def without_profiler_log_lines() -> Iterator[None]:
+    """Drop the profiler's ``USDT:`` log lines; pass every other line written to stderr through.
+
+    They bypass ``sys.stderr`` (C code writing to fd 2), so fd 2 itself is pointed at a temporary
+    file for the duration, and what was written there is replayed afterwards, minus those lines.
+    """
+    try:
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
+        saved = os.dup(fd)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        _flush_stderr()
+        os.dup2(capture.fileno(), fd)
+        try:
+            yield
+        finally:
+            _flush_stderr()
+            os.dup2(saved, fd)
+            os.close(saved)
+            capture.seek(0)
+            kept = b"".join(line for line in capture.read().splitlines(keepends=True)
+                            if not line.startswith(_LOG_PREFIX))
+            if kept:
+                os.write(fd, kept)
+
+
+def _flush_stderr() -> None:
+    for stream in (sys.stderr, sys.__stderr__):
+        if stream is not None:
+            stream.flush()
+
+
+@dataclass
+class Window:
+    """What the profiler saw inside one profiled step."""
+
+    time_us: float = 0.0
+    events: int = 0
+    ids: set[int] = field(default_factory=set)  # CUDA correlation ids: one per host launch
+    # First start to last end: the floor plus the device's idle gaps between kernels.
+    first_start: float = math.inf
+    last_end: float = -math.inf
+
+
+def profile_steps(prepare: Callable[[str, int], Callable[[], None]], rows: list[dict[str, Any]],
+                  profile_steps: int, cuda: bool, environment: dict[str, Any]) -> None:
+    """Fill each row's ``kernel_floor_us`` and ``kernel_span_us`` (on a GPU also ``launches`` and
+    ``kernels``) from one profiler session over ``profile_steps`` runs of each row's step.
+
+    ``prepare(mode, batch_size)`` writes the row's batch into its runner's buffers and returns a
+    function that runs the step once. The first run after a prepare is not profiled (it follows other
+    work). Per-step values are medians over the profiled runs.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    prof = profile(activities=activities)
+    with without_profiler_log_lines():
+        prof.start()
+    try:
+        for row in rows:
+            mode, batch_size = row["mode"], row["batch_size"]
+            run = prepare(mode, batch_size)
+            run()
+            for k in range(profile_steps):
+                with record_function(f"{MARKER}{mode}/{batch_size}/{k}"):
+                    run()
+                    if cuda:
+                        torch.cuda.synchronize()
+    finally:
+        with without_profiler_log_lines():
+            prof.stop()
+    windows, diagnostics = attribute(prof.events(), cuda)
+    unseen = 0
+    for row in rows:
+        per_step = [windows.get((row["mode"], row["batch_size"], k), Window()) for k in range(profile_steps)]
+        if cuda and not all(w.events for w in per_step):
+            unseen += 1  # keep the structural counts; a zero floor would be a lie
+            continue
+        row["kernel_floor_us"] = round(statistics.median(w.time_us for w in per_step), 3)
+        row["kernel_span_us"] = round(statistics.median(w.last_end - w.first_start for w in per_step), 3)
+        if cuda:
+            row["kernels"] = round(statistics.median(w.events for w in per_step))
+            row["launches"] = round(statistics.median(len(w.ids) for w in per_step))
+    if cuda:
+        environment["profiler_device_events"] = diagnostics
+        if unseen:
+            environment["profiler_note"] = (f"the profiler saw no GPU activity in {unseen} row(s): their "
+                                            "kernel_floor_us is nan, launches and kernels are the structural counts")
+
+
+def attribute(events: Any, cuda: bool) -> tuple[dict[tuple[str, int, int], Window], dict[str, Any]]:
+    """Sort the profiler's events into the profiled steps, by midpoint; also say what was seen."""
+    markers = [(e.name[len(MARKER):].split("/"), e.time_range) for e in events
+               if e.name.startswith(MARKER) and e.device_type == torch.autograd.DeviceType.CPU]
+    if cuda:  # GPU work, not the GPU-side copies of our named ranges
+        device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                  and not e.name.startswith(MARKER)]
+        kinds = Counter(str(getattr(e, "activity_type", None)) for e in device)
+        if any(k in kinds for k in _WORK_ACTIVITIES):  # torch labels activities: keep kernels, copies, fills
+            device = [e for e in device if getattr(e, "activity_type", None) in _WORK_ACTIVITIES]
+        chosen = device
+    else:  # no device: the time spent inside aten ops
+        kinds = Counter()
+        chosen = [e for e in events if e.name.startswith("aten::")]
+    spans = sorted((r.start, r.end, (mode, int(bs), int(k))) for (mode, bs, k), r in markers)
+    starts = [span[0] for span in spans]
+    windows = {span[2]: Window() for span in spans}
+    attributed = 0
+    for e in chosen:
+        t = (e.time_range.start + e.time_range.end) / 2
+        i = bisect_right(starts, t) - 1
+        if i < 0 or t > spans[i][1]:
+            continue
+        window = windows[spans[i][2]]
+        window.time_us += e.time_range.elapsed_us() if cuda else e.self_cpu_time_total
+        window.events += 1
+        window.ids.add(e.id)
+        window.first_start = min(window.first_start, e.time_range.start)
+        window.last_end = max(window.last_end, e.time_range.end)
+        attributed += 1
+    return windows, {"activity_types": dict(kinds), "used": len(chosen), "attributed_to_steps": attributed}

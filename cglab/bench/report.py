@@ -1,0 +1,127 @@
+"""Reading results: the tables the CLI prints, the ladder at one batch size, and the targets we set.
+
+The targets are ours, set before measuring; they are reported as measured, met or not, never asserted
+by a test (speed is a property of a machine, not of the code).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cglab.bench.files import BenchResult
+from cglab.bench.modes import BENCH_MODES
+from cglab.bench.startup import StartupResult
+
+__all__ = ["SIM_FLOOR_NOTE", "Target", "bench_table", "ladder", "startup_table", "startup_targets", "targets"]
+
+SIM_FLOOR_NOTE = ("* op time: the summed CPU time of the aten ops, measured under the profiler, whose tracing slows "
+                  "every op. The simulator has no GPU kernels, so this is no kernel floor and may exceed the median.")
+
+
+def bench_table(result: BenchResult) -> str:
+    """The rows as the CLI prints them. On the simulator the floor column is named for what it is."""
+    sim = result.backend == "sim"
+    floor = "op time us*" if sim else "floor us"
+    header = f"  {'mode':<20}{'batch':>6}{'median us':>12}{'p10':>10}{'p90':>10}{floor:>13}{'launches':>10}"
+    lines = [f"{header}{'enqueue us':>12}"]
+    for r in result.rows:
+        lines.append(f"  {r['mode']:<20}{r['batch_size']:>6}{r['median_us']:>12.1f}{r['p10_us']:>10.1f}"
+                     f"{r['p90_us']:>10.1f}{r['kernel_floor_us']:>13.1f}{_count(r['launches']):>10}"
+                     f"{r['enqueue_median_us']:>12.1f}")
+    if sim:
+        lines.append(f"  {SIM_FLOOR_NOTE}")
+    roof = result.environment.get("roofline_us")
+    if roof is not None:
+        lines.append(f"  roofline: {roof:.1f} us per step ({result.environment['weight_bytes'] / 1e6:.1f} MB of "
+                     f"weights at {result.environment['memory_bandwidth_gb_s']:.0f} GB/s, measured)")
+    return "\n".join(lines)
+
+
+def startup_table(result: StartupResult) -> str:
+    header = f"  {'policy':<20}{'flavor':<11}{'path':<8}{'graphs':>7}{'compile s':>11}{'capture s':>11}"
+    lines = [f"{header}{'startup s':>11}{'memory MiB':>12}"]
+    for r in result.rows:
+        lines.append(f"  {r['policy']:<20}{r['flavor']:<11}{r['path']:<8}{r['graphs']:>7}{r['compile_s']:>11.2f}"
+                     f"{r['capture_s']:>11.2f}{r['startup_s']:>11.2f}{r['memory_mib']:>12.1f}")
+    lines.append("  capture s: warmups and captures of every graph, without the compile; startup s: building the "
+                 "engine, all included")
+    return "\n".join(lines)
+
+
+def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
+    """One row per mode at ``batch_size``, in ladder order: latency, launches, kernels, floor, and the
+    speed-up over eager (None without an eager row)."""
+    rows = {r["mode"]: r for r in result.rows if r["batch_size"] == batch_size}
+    eager = rows.get("none")
+    return [{"mode": mode, "label": BENCH_MODES[mode].label, "median_us": r["median_us"], "launches": r["launches"],
+             "kernels": r.get("kernels", math.nan), "kernel_floor_us": r["kernel_floor_us"],
+             "speedup_over_eager": None if eager is None else round(eager["median_us"] / r["median_us"], 3)}
+            for mode, r in ((m, rows[m]) for m in result.modes if m in rows)]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal set before measuring, and what was measured."""
+
+    name: str
+    goal: str
+    measured: float
+    met: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{'met' if self.met else 'MISSED'}: {self.name} {self.measured:.3g} (goal {self.goal}; {self.detail})"
+
+
+def targets(result: BenchResult, small_batch: int = 16) -> list[Target]:
+    """The latency targets, from whichever of their modes the result has."""
+    found = []
+    compiled = _medians(result, "compiled_full")
+    if compiled and _medians(result, "full"):
+        worst = _worst(_ratios(compiled, _medians(result, "full"), small_batch))
+        if worst is not None:
+            found.append(Target("compiled FULL / FULL", "<= 0.6 at batch <= 16", worst[1], worst[1] <= 0.6,
+                                f"worst at batch {worst[0]}"))
+    if compiled and _medians(result, "reduce_overhead"):
+        worst = _worst(_ratios(compiled, _medians(result, "reduce_overhead"), None))
+        if worst is not None:
+            found.append(Target('compiled FULL / torch.compile "reduce-overhead"', "<= 1.0 at every batch", worst[1],
+                                worst[1] <= 1.0, f"worst at batch {worst[0]}"))
+    eager = _medians(result, "none")
+    first = min(compiled) if compiled else None
+    if first is not None and first in eager:
+        ratio = round(eager[first] / compiled[first], 3)
+        found.append(Target("eager / compiled FULL", f">= 8 at batch {first}", ratio, ratio >= 8,
+                            f"{eager[first]:.0f} us over {compiled[first]:.0f} us"))
+    return found
+
+
+def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target]:
+    """Start-up of compiled FULL_AND_PIECEWISE, compile plus capture, within ``seconds`` (if measured)."""
+    try:
+        row = result.row("full_and_piecewise", "compiled")
+    except KeyError:
+        return []
+    total = round(row["compile_s"] + row["capture_s"], 3)
+    return [Target("compiled FULL_AND_PIECEWISE start-up (compile + capture)", f"<= {seconds:g} s", total,
+                   total <= seconds, f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, "
+                                     f"capture {row['capture_s']:.1f} s")]
+
+
+def _medians(result: BenchResult, mode: str) -> dict[int, float]:
+    return {r["batch_size"]: r["median_us"] for r in result.rows if r["mode"] == mode}
+
+
+def _ratios(num: dict[int, float], den: dict[int, float], up_to: int | None) -> dict[int, float]:
+    return {b: round(num[b] / den[b], 3) for b in sorted(num) if b in den and (up_to is None or b <= up_to)}
+
+
+def _worst(ratios: dict[int, float]) -> tuple[int, float] | None:
+    """The batch size with the largest ratio (for an upper-bound goal, the one that decides it)."""
+    return max(ratios.items(), key=lambda item: item[1]) if ratios else None
+
+
+def _count(value: float) -> str:
+    return "?" if isinstance(value, float) and math.isnan(value) else str(int(value))

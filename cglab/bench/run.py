@@ -1,0 +1,231 @@
+"""Running the benchmark: one runner per row kind, every (mode, batch size) timed in interleaved
+rounds, launches counted, then one profiler session, then the roofline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, fields
+from typing import Any
+
+import torch
+
+from cglab.bench.config import BenchConfig
+from cglab.bench.environment import collect_environment
+from cglab.bench.files import BenchResult
+from cglab.bench.modes import BENCH_MODES
+from cglab.bench.peer import ReduceOverheadForward, capture_safe, cudagraph_skips
+from cglab.bench.profiling import profile_steps
+from cglab.bench.roofline import measure_bandwidth, roofline
+from cglab.bench.timing import Samples, cpu_threads, split, stats, time_steps
+from cglab.compilation import CompiledModel
+from cglab.config import CUDAGraphMode, ToyConfig
+from cglab.errors import ConfigError
+from cglab.forward_context import set_forward_context
+from cglab.graphs import GraphSegment
+from cglab.graphs.ops import OpCounter
+from cglab.runner import ModelRunner, PreparedStep, resolve_device
+
+__all__ = ["run_bench"]
+
+_ROTATIONS = 8  # distinct token-id sets cycled through the timed steps
+_MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
+_REWARM = 3  # untimed steps before each later round
+
+
+def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
+    """Measure every (mode, batch size): time the steps, count launches, then profile kernels.
+
+    Timing runs in rounds that visit every mode and batch size in turn: a host's speed drifts over
+    seconds (shared machines, clocks), and interleaving spreads any drift over all rows instead of
+    biasing whichever ran during a slow spell. The profiler runs last, in one session, because its
+    tracing slows launches (and may stay attached after the session): nothing is timed after it.
+    """
+    device = resolve_device(config.device)
+    toy = config.toy_config()
+    environment = collect_environment(device)  # the date is the run's start
+    environment["piecewise_flavor"] = "breakable"  # what the "piecewise" rows measure (the plain model)
+    environment["row_kinds"] = {m: BENCH_MODES[m].description for m in config.modes}
+    gen = torch.Generator().manual_seed(config.seed + 1)
+    pool = toy.max_num_reqs
+    prompts = torch.randint(0, toy.vocab_size, (pool, config.prompt_len), generator=gen).tolist()
+    decode = torch.randint(0, toy.vocab_size, (pool,), generator=gen).tolist()
+    rotations = torch.randint(0, toy.vocab_size, (_ROTATIONS, pool), generator=gen).to(device)
+    rounds = split(config.repeats, max(1, min(_MAX_ROUNDS, config.repeats // 10)))
+    keys = [(mode, batch_size) for mode in config.modes for batch_size in config.batch_sizes]
+    samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
+    runners: dict[str, ModelRunner] = {}
+    skips_before = cudagraph_skips()
+    with cpu_threads(1 if device.type == "cpu" else None), _progress_bar(len(rounds) * len(keys), progress) as status:
+        try:
+            for mode in config.modes:
+                status(f"{mode}: capture")
+                runners[mode] = _make_runner(mode, toy, device, status)
+                status(f"{mode}: prefill")
+                _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
+                if BENCH_MODES[mode].flavor == "reduce-overhead":  # after the prefill: decode shapes only
+                    runners[mode].forward_model = ReduceOverheadForward(runners[mode].model)
+            for round_index, repeats in enumerate(rounds):
+                for mode, batch_size in keys:
+                    status(f"round {round_index + 1}/{len(rounds)}: {mode}, batch {batch_size}")
+                    prepared = _prepare(runners[mode], mode, batch_size, decode)
+                    # Full warmup first (the peer compiles and records here); later rounds re-warm briefly.
+                    warmup = config.warmup if round_index == 0 else min(config.warmup, _REWARM)
+                    samples[mode, batch_size].extend(time_steps(runners[mode], prepared, rotations, warmup, repeats))
+                    status(None, 1)
+            rows = [_row(mode, batch_size, environment["backend"], samples[mode, batch_size], config, runners[mode],
+                         _prepare(runners[mode], mode, batch_size, decode)) for mode, batch_size in keys]
+            status("profiling kernels")
+            profile_steps(lambda mode, batch_size: _step_fn(runners[mode], _prepare(runners[mode], mode, batch_size,
+                                                                                     decode)),
+                          rows, config.profile_steps, device.type == "cuda", environment)
+            environment["startup_seconds"] = {mode: _startup(runner) for mode, runner in runners.items()
+                                              if runner.cudagraph_manager is not None}
+            if "reduce_overhead" in runners:
+                environment["reduce_overhead_cudagraph_skips"] = cudagraph_skips() - skips_before
+            status("memory bandwidth")
+            environment.update(roofline(next(iter(runners.values())).model, measure_bandwidth(device)))
+        finally:
+            for runner in runners.values():
+                runner.close()
+    return BenchResult(rows, environment, {**asdict(config), "toy_config": _toy_dict(toy)})
+
+
+def _make_runner(mode: str, toy: ToyConfig, device: torch.device, status: Callable[..., None]) -> ModelRunner:
+    kind = BENCH_MODES[mode]
+    flavor = "compiled" if kind.flavor == "compiled" else "breakable"  # breakable: the plain model
+    # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
+    # every backend so CPU and GPU time the same work.
+    return ModelRunner(toy, kind.cg_mode, device=device, check_addresses=False, piecewise_flavor=flavor,
+                       progress=lambda d: status(f"captured {d}"))
+
+
+def _prefill(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> None:
+    """Give every request its prompt, eagerly, as many requests per step as the token budget allows."""
+    per_step = max(1, max_tokens // len(prompts[0]))
+    for start in range(0, len(prompts), per_step):
+        ids = range(start, min(start + per_step, len(prompts)))
+        for i in ids:
+            runner.add_request(f"req{i}")
+        runner.step({f"req{i}": prompts[i] for i in ids}, eager=True)
+
+
+def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int]) -> PreparedStep:
+    """One decode token for each of the first ``batch_size`` requests; checks it runs as asked, unpadded.
+
+    ``prepare_step`` does not advance the requests, so every batch size decodes at the same position.
+    """
+    kind = BENCH_MODES[mode]
+    prepared = runner.prepare_step({f"req{i}": [decode[i]] for i in range(batch_size)})
+    desc = prepared.descriptor
+    if desc.cg_mode is not kind.cg_mode or desc.num_tokens != batch_size:
+        raise ConfigError(f"batch {batch_size} dispatched to {desc}, not to an unpadded {kind.cg_mode.name} step; "
+                          "the benchmark captures exactly the batch sizes it measures")
+    return capture_safe(runner, prepared) if kind.flavor == "reduce-overhead" else prepared
+
+
+def _step_fn(runner: ModelRunner, prepared: PreparedStep) -> Callable[[], None]:
+    def run() -> None:
+        runner.execute(prepared)
+
+    return run
+
+
+def _startup(runner: ModelRunner) -> dict[str, float | None]:
+    """Compile and capture seconds of one runner (capture without the compile it triggered)."""
+    manager = runner.cudagraph_manager
+    assert manager is not None and manager.capture_stats is not None
+    compiled = runner.forward_model.compile_seconds if isinstance(runner.forward_model, CompiledModel) else None
+    capture = manager.capture_stats.seconds - (compiled or 0.0)
+    return {"compile": None if compiled is None else round(compiled, 3), "warmup_and_capture": round(capture, 3)}
+
+
+@contextmanager
+def _uncounted(segments: Sequence[GraphSegment], counter: OpCounter) -> Iterator[None]:
+    """While active, replaying one of ``segments`` adds nothing to ``counter``: a segment is one
+    launch whatever it holds (the simulator re-runs its ops; a GPU launches one graph)."""
+    def paused(replay: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            counter.active = False
+            try:
+                replay()
+            finally:
+                counter.active = True
+
+        return run
+
+    for segment in segments:
+        segment.replay = paused(segment.replay)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for segment in segments:
+            del segment.replay  # the class's method again
+
+
+def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, int, int, int]:
+    """(launches, kernels, graph segments, eager breaks) of one step, counted structurally.
+
+    A graph's step is replayed once as it runs in the engine (the breakable loop over its steps, or
+    the compiled forward, whose pieces replay their graphs): each segment is one launch, and the ops
+    that run outside the segments (attention at the breaks) are counted one by one.
+    """
+    desc = prepared.descriptor
+    if desc.cg_mode is CUDAGraphMode.NONE:
+        with OpCounter() as counter:
+            runner.execute(prepared)
+        return counter.count, counter.count, 0, 0
+    assert runner.cudagraph_manager is not None
+    graph = runner.cudagraph_manager.graphs[desc].graph
+    counter = OpCounter()
+    segments = [step for step in graph.steps if isinstance(step, GraphSegment)]
+    with torch.inference_mode(), set_forward_context(prepared.attn_metadata, desc.cg_mode, desc), \
+            _uncounted(segments, counter), counter:
+        graph.replay()
+    eager_ops = counter.count
+    return graph.num_segments + eager_ops, graph.num_ops + eager_ops, graph.num_segments, graph.num_eager_breaks
+
+
+def _row(mode: str, batch_size: int, backend: str, samples: Samples, config: BenchConfig, runner: ModelRunner,
+         prepared: PreparedStep) -> dict[str, Any]:
+    kind = BENCH_MODES[mode]
+    if kind.flavor == "reduce-overhead":  # torch's graph trees: no structure of ours to count (the profiler can)
+        launches, kernels, segments, breaks = (math.nan,) * 4
+    else:
+        launches, kernels, segments, breaks = count_launches(runner, prepared)
+    # FULL graphs (and the peer's) froze capture-safe metadata (the model's whole key range); the others
+    # read the live one.
+    frozen = kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead"
+    key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
+    median, p10, p90 = stats(samples.device)
+    host_median, host_p10, host_p90 = stats(samples.host)
+    return {"mode": mode, "batch_size": batch_size, "median_us": median, "p10_us": p10, "p90_us": p90,
+            "kernel_floor_us": math.nan, "launches": launches, "backend": backend,
+            "host_median_us": host_median, "host_p10_us": host_p10, "host_p90_us": host_p90,
+            "enqueue_median_us": stats(samples.enqueue)[0], "kernel_span_us": math.nan, "kernels": kernels,
+            "counted_launches": launches, "graph_segments": segments, "eager_breaks": breaks,
+            "attn_key_range": key_range, "repeats": len(samples.device)}
+
+
+def _toy_dict(toy: ToyConfig) -> dict[str, Any]:
+    return {f.name: getattr(toy, f.name) for f in fields(toy) if f.init}
+
+
+@contextmanager
+def _progress_bar(total: int, enabled: bool) -> Iterator[Callable[..., None]]:
+    """``status(text, advance=0)``: a tqdm bar over the measurements, or nothing when disabled."""
+    if not enabled:
+        yield lambda text=None, advance=0: None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc="bench", unit="size") as bar:
+        def status(text: str | None = None, advance: int = 0) -> None:
+            if text is not None:
+                bar.set_postfix_str(text)
+            if advance:
+                bar.update(advance)
+
+        yield status

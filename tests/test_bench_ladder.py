@@ -1,0 +1,164 @@
+"""The benchmark's ladder beyond FULL, on known numbers: the roofline, the tables, the targets, the peer's
+metadata, the row kinds a device can run, and the profiler's log lines kept out of the user's way.
+
+Every statistic is checked against the exact value a correct implementation gives; speed itself is
+never asserted (the targets are reported from the recorded GPU runs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from cglab.bench import BenchConfig, BenchResult
+from cglab.bench import roofline as roofline_module
+from cglab.bench.peer import capture_safe
+from cglab.bench.profiling import without_profiler_log_lines
+from cglab.bench.report import SIM_FLOOR_NOTE, bench_table, ladder, targets
+from cglab.bench.roofline import measure_bandwidth, roofline, weight_bytes
+from cglab.cli import main
+from cglab.config import ToyConfig
+from cglab.errors import ConfigError
+from cglab.model import ToyTransformer
+from cglab.runner import ModelRunner
+
+
+def _result(medians: dict[str, dict[int, float]], backend: str = "cuda", **environment: Any) -> BenchResult:
+    rows = [{"mode": mode, "batch_size": b, "median_us": m, "p10_us": m, "p90_us": m, "kernel_floor_us": m / 2,
+             "launches": 1, "kernels": 10, "backend": backend, "enqueue_median_us": 1.0}
+            for mode, by_batch in medians.items() for b, m in by_batch.items()]
+    return BenchResult(rows, {"backend": backend, "device_name": "GPU", **environment}, {})
+
+
+# ----------------------------------------------------------------------------------- roofline
+def test_weight_bytes_count_every_weight_but_the_embedding_tables() -> None:
+    h, vocab, max_len = 32, 64, 48
+    model = ToyTransformer(ToyConfig(layers=("attn",), hidden_size=h, vocab_size=vocab, max_model_len=max_len))
+    attention = h + 3 * h * h + h * h  # norm, qkv, o
+    mlp = h + 4 * h * h + 2 * h * h  # norm, gate_up, down
+    head = h + vocab * h  # final norm, lm_head
+    assert weight_bytes(model) == 4 * (attention + mlp + head)  # float32; embeddings (vocab and positions) left out
+    assert sum(p.numel() for p in model.parameters()) * 4 - weight_bytes(model) == 4 * (vocab + max_len) * h
+
+
+def test_bandwidth_is_the_best_copy_read_and_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies of 1 MiB taking 0.5, 0.25 and 1 s: the best moved 2 MiB (read plus write) in 0.25 s."""
+    ticks = iter([0.0, 0.5, 10.0, 10.25, 20.0, 21.0])
+    monkeypatch.setattr(roofline_module.time, "perf_counter", lambda: next(ticks))
+    assert measure_bandwidth(torch.device("cpu"), megabytes=1, repeats=3) == 2 * 2**20 / 0.25
+
+
+def test_roofline_is_the_weights_over_the_bandwidth() -> None:
+    model = ToyTransformer(ToyConfig(layers=("sconv",), hidden_size=16, num_heads=2))
+    limit = roofline(model, bandwidth=4e12)
+    assert limit["weight_bytes"] == weight_bytes(model)
+    assert limit["memory_bandwidth_gb_s"] == 4000.0
+    assert limit["roofline_us"] == round(weight_bytes(model) / 4e12 * 1e6, 3)
+
+
+# ----------------------------------------------------------------------------------- tables and targets
+def test_simulator_table_names_its_floor_for_what_it_is() -> None:
+    sim = bench_table(_result({"full": {1: 900.0}}, backend="sim"))
+    assert "op time us*" in sim and "floor us" not in sim and SIM_FLOOR_NOTE in sim
+    assert "may exceed the median" in SIM_FLOOR_NOTE and "no kernel floor" in SIM_FLOOR_NOTE
+    gpu = bench_table(_result({"full": {1: 900.0}}, roofline_us=34.5, weight_bytes=145e6, memory_bandwidth_gb_s=4200))
+    assert "floor us" in gpu and "op time" not in gpu and SIM_FLOOR_NOTE not in gpu
+    assert gpu.splitlines()[1].split() == ["full", "1", "900.0", "900.0", "900.0", "450.0", "1", "1.0"]
+    assert "roofline: 34.5 us per step (145.0 MB of weights at 4200 GB/s, measured)" in gpu
+
+
+def test_ladder_at_one_batch_size() -> None:
+    result = _result({"none": {1: 5000.0, 8: 5200.0}, "full": {1: 800.0, 8: 810.0}, "compiled_full": {1: 400.0}})
+    rows = ladder(result, 1)
+    assert [r["mode"] for r in rows] == ["none", "full", "compiled_full"]
+    assert [r["speedup_over_eager"] for r in rows] == [1.0, 6.25, 12.5]
+    assert [r["mode"] for r in ladder(result, 8)] == ["none", "full"]
+
+
+def test_targets_are_decided_by_the_worst_batch() -> None:
+    result = _result({
+        "none": {1: 4000.0, 8: 4100.0, 32: 4200.0},
+        "full": {1: 800.0, 8: 1000.0, 32: 2000.0},
+        "compiled_full": {1: 480.0, 8: 650.0, 32: 1900.0},  # 0.6 at batch 1, 0.65 at 8; 32 is above 16
+        "reduce_overhead": {1: 500.0, 8: 640.0, 32: 2000.0},  # compiled FULL slower only at batch 8
+    })
+    by_name = {t.name: t for t in targets(result)}
+    ratio = by_name["compiled FULL / FULL"]
+    assert (ratio.measured, ratio.met, ratio.detail) == (0.65, False, "worst at batch 8")
+    peer = by_name['compiled FULL / torch.compile "reduce-overhead"']
+    assert (peer.measured, peer.met, peer.detail) == (round(650 / 640, 3), False, "worst at batch 8")
+    eager = by_name["eager / compiled FULL"]
+    assert (eager.measured, eager.met) == (round(4000 / 480, 3), True)
+    assert str(ratio).startswith("MISSED: compiled FULL / FULL 0.65")
+
+
+def test_targets_need_their_modes() -> None:
+    assert targets(_result({"none": {1: 1.0}, "full": {1: 1.0}})) == []
+
+
+# ----------------------------------------------------------------------------------- row kinds
+def test_the_peer_needs_a_gpu() -> None:
+    assert "reduce_overhead" not in BenchConfig.quick_preset().modes
+    assert BenchConfig.quick_preset().modes == ("none", "piecewise", "full", "compiled_piecewise", "compiled_full")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        BenchConfig.quick_preset(modes=("full", "reduce_overhead"))
+
+
+def test_cli_refuses_the_peer_on_the_cpu(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--modes", "reduce_overhead", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exc:  # argparse's own one-line error
+        main(["bench", "--quick", "--modes", "turbo", "--out", str(tmp_path / "run")])
+    assert exc.value.code == 2 and "compiled_full" in capsys.readouterr().err  # the valid names are listed
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_peer_gets_capture_safe_metadata_in_the_same_buffers() -> None:
+    """Like FULL, the peer's graph freezes its key range at recording: it must span max_model_len."""
+    toy = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
+    runner = ModelRunner(toy, "none")
+    runner.add_request("a")
+    runner.step({"a": [1, 2, 3]}, eager=True)
+    prepared = runner.prepare_step({"a": [4]})
+    safe = capture_safe(runner, prepared)
+    before, after = prepared.attn_metadata["layers.1.attn"], safe.attn_metadata["layers.1.attn"]
+    assert (before.max_seq_len, after.max_seq_len, after.for_capture) == (4, toy.max_model_len, True)
+    assert after.slot_mapping.data_ptr() == before.slot_mapping.data_ptr()  # rebuilt in place, not reallocated
+    assert torch.equal(after.slot_mapping, before.slot_mapping) and safe.input_batch is prepared.input_batch
+
+
+# ----------------------------------------------------------------------------------- limits
+@pytest.mark.parametrize("kwargs", [{"repeats": 10**9}, {"batch_sizes": (4096,)}, {"layers": "attn," * 300},
+                                    {"hidden_size": 4096, "layers": "attn," * 64, "batch_sizes": (1024,),
+                                     "prompt_len": 4000, "max_model_len": 4096}])
+def test_limits_say_they_are_ours(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="a limit cglab sets against typos, not a hardware limit"):
+        BenchConfig.quick_preset(**kwargs)
+
+
+# ----------------------------------------------------------------------------------- profiler log lines
+def test_profiler_log_lines_are_dropped_and_the_rest_kept(capfd: pytest.CaptureFixture[str]) -> None:
+    fd = sys.__stderr__.fileno()
+    with without_profiler_log_lines():
+        os.write(fd, b"USDT:2026-12-01 09:03:30 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(fd, b"a real warning\n")
+        os.write(fd, b"USDT:2026-12-01 09:03:30 1:1 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+    os.write(fd, b"after\n")
+    assert capfd.readouterr().err == "a real warning\nafter\n"
+
+
+def test_real_profiler_start_and_stop_print_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with without_profiler_log_lines():
+        prof.start()
+    torch.ones(2).add_(1)
+    with without_profiler_log_lines():
+        prof.stop()
+    assert "USDT" not in capfd.readouterr().err and any(e.name.startswith("aten::") for e in prof.events())
