@@ -70,6 +70,9 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
     assert by_mode["compiled_full"]["launches"] == 1 and by_mode["compiled_full"]["kernels"] == by_mode["full"]["kernels"]
     env = result.environment
     assert env["backend"] == "sim" and env["torch"] and env["date"] and env["host_cpu"]
+    # Every row computes eager's logits (float32 on the CPU: to rounding); eager against itself exactly.
+    assert set(env["max_abs_diff_vs_eager"]) == set(cpu_modes) and env["max_abs_diff_vs_eager"]["none"] == 0.0
+    assert max(env["max_abs_diff_vs_eager"].values()) < 1e-4
     assert env["piecewise_flavor"] == "breakable"  # what the recorded runs measured
     assert set(env["startup_seconds"]) == set(cpu_modes) - {"none"}
     assert env["startup_seconds"]["compiled_full"]["compile"] > 0 and env["startup_seconds"]["full"]["compile"] is None

@@ -77,6 +77,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
                     status(None, 1)
             rows = [_row(mode, batch_size, environment["backend"], samples[mode, batch_size], config, runners[mode],
                          _prepare(runners[mode], mode, batch_size, decode)) for mode, batch_size in keys]
+            if "none" in runners:
+                environment["max_abs_diff_vs_eager"] = _check_outputs(runners, config.batch_sizes, decode)
             status("profiling kernels")
             profile_steps(lambda mode, batch_size: _step_fn(runners[mode], _prepare(runners[mode], mode, batch_size,
                                                                                      decode)),
@@ -124,6 +126,21 @@ def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int])
         raise ConfigError(f"batch {batch_size} dispatched to {desc}, not to an unpadded {kind.cg_mode.name} step; "
                           "the benchmark captures exactly the batch sizes it measures")
     return capture_safe(runner, prepared) if kind.flavor == "reduce-overhead" else prepared
+
+
+def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], decode: list[int]) -> dict[str, float]:
+    """Per mode, the largest difference of its logits from eager's over every batch size: a row that
+    computes something else is no faster way to do the same step. Every runner holds the same weights
+    and caches and decodes the same tokens at the same positions."""
+    diffs = {}
+    for mode, runner in runners.items():
+        worst = 0.0
+        for batch_size in batch_sizes:
+            reference = runners["none"].execute(_prepare(runners["none"], "none", batch_size, decode))[:batch_size]
+            logits = runner.execute(_prepare(runner, mode, batch_size, decode))[:batch_size]
+            worst = max(worst, (logits.float() - reference.float()).abs().max().item())
+        diffs[mode] = worst
+    return diffs
 
 
 def _step_fn(runner: ModelRunner, prepared: PreparedStep) -> Callable[[], None]:
