@@ -17,7 +17,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # same whether the machine is idle or busy.
 export OMP_NUM_THREADS := 1
 
-.PHONY: lab test notebooks clean
+.PHONY: setup lab test notebooks clean
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml
 	$(if $(TORCH_INDEX_URL),$(PY) -m pip install --disable-pip-version-check torch==2.13.0 --index-url $(TORCH_INDEX_URL))
 	$(PY) -m pip install --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
+
+# Only the environment, for those who work from a terminal (lab and test do this themselves).
+setup: $(STAMP)
 
 # Containers often run as root, where Jupyter refuses to start without --allow-root.
 # The venv goes first on PATH, so `python -m cglab ...` in a JupyterLab terminal is the venv's Python.
