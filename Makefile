@@ -17,7 +17,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # same whether the machine is idle or busy.
 export OMP_NUM_THREADS := 1
 
-.PHONY: lab test notebooks clean
+.PHONY: setup lab test notebooks clean
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -31,14 +31,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
+# Only the environment, for those who work from a terminal (lab and test do this themselves).
+setup: $(STAMP)
+
 # Containers often run as root, where Jupyter refuses to start without --allow-root.
 # The venv goes first on PATH, so `python -m cglab ...` in a JupyterLab terminal is the venv's Python.
 lab: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" \
 	  $(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# -n auto: one pytest worker per core (pytest-xdist); --dist loadscope keeps each test file, and
+# each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel.
 test: $(STAMP)
-	MPLBACKEND=Agg $(PY) -m pytest tests $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg)
+	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope tests $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg)
 
 # Re-execute every notebook in a clean kernel on the CPU and save the outputs (commit them).
 notebooks: $(STAMP)

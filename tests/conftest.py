@@ -64,3 +64,14 @@ def json_replace_fails(monkeypatch: pytest.MonkeyPatch) -> None:
         real_replace(src, dst)
 
     monkeypatch.setattr(results.os, "replace", failing_replace)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say in one line per reason why tests skipped, so a CPU run's GPU-only skips are explained."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"{count} skipped: {reason}")

@@ -19,6 +19,15 @@ def _decode(runner: ModelRunner, steps: int) -> list[str]:
     return [str(runner.step({f"r{i}": [(s + i) % 60] for i in range(1 + s % 4)}).descriptor) for s in range(steps)]
 
 
+def _replayed(result, replays) -> bool:  # type: ignore[no-untyped-def]
+    """The run's graph steps were really replayed, one replay per step its descriptor claims; then the
+    count restarts, so each run in a test is checked on its own."""
+    claimed = {mode: n for mode, n in result.steps_by_mode.items() if mode != "none"}
+    served = dict(replays)
+    replays.clear()
+    return bool(claimed) and served == claimed
+
+
 def test_graph_is_split_at_attention_into_pieces(device):
     runner = ModelRunner(CONFIG, "piecewise", device=device)
     compiled = runner.cudagraph_manager.compiled
@@ -66,17 +75,18 @@ def test_full_only_policy_compiles_the_graph_whole(device):
     runner.close()
 
 
-def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device):
+def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device, replays):
     """LFM2's short conv is a splitting op upstream: split there, the guard runs at every step."""
     ops = ["cglab::unified_attention", "cglab::short_conv"]
     legacy = run_repro("piecewise", legacy_skip_attn=True, layers="sconv,attn", splitting_ops=ops, device=device)
-    assert legacy.error is None and not legacy.diverged
+    assert legacy.error is None and not legacy.diverged and _replayed(legacy, replays)
     both = run_repro("piecewise", legacy_skip_attn=True, splitting_ops=ops, device=device)
+    assert _replayed(both, replays)
     assert both.state_diffs["layers.0.sconv.conv_state"] < both.tolerance  # the short conv is safe now...
     assert both.state_diffs["layers.2.compressor.state_cache"] > 0.05  # ...the compressor is not
 
 
-def test_strict_attention_fails_compiled_capture_under_the_fix(device):
+def test_strict_attention_fails_compiled_capture_under_the_fix(device, replays):
     """The revert: with metadata at capture, attention really runs on the dummy batch."""
     fixed = run_repro("piecewise", strict_attention=True, device=device)
     assert fixed.error.startswith("CaptureError: capturing the PIECEWISE(tokens=8, reqs=any) graph failed: "
@@ -84,9 +94,11 @@ def test_strict_attention_fails_compiled_capture_under_the_fix(device):
     assert "illegal memory access" in fixed.error
     legacy = run_repro("piecewise", strict_attention=True, legacy_skip_attn=True, layers="attn", device=device)
     assert legacy.error is None and not legacy.diverged  # metadata None: attention took its profiling path
-    assert run_repro("full", strict_attention=True, device=device).error is None  # capture-safe metadata
+    assert _replayed(legacy, replays)
+    full = run_repro("full", strict_attention=True, device=device)
+    assert full.error is None and _replayed(full, replays)  # capture-safe metadata
     toy = run_repro("piecewise", device=device)  # the toy attention copes with the dummy batch
-    assert toy.error is None and not toy.diverged
+    assert toy.error is None and not toy.diverged and _replayed(toy, replays)
 
 
 def test_a_recompile_is_impossible(device):
