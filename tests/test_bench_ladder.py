@@ -20,6 +20,7 @@ from cglab.bench.peer import capture_safe
 from cglab.bench.profiling import without_profiler_log_lines
 from cglab.bench.report import SIM_FLOOR_NOTE, bench_table, ladder, targets
 from cglab.bench.roofline import measure_bandwidth, roofline, weight_bytes
+from cglab.bench.run import build_order
 from cglab.cli import main
 from cglab.config import ToyConfig
 from cglab.errors import ConfigError
@@ -162,3 +163,11 @@ def test_real_profiler_start_and_stop_print_nothing(capfd: pytest.CaptureFixture
     with without_profiler_log_lines():
         prof.stop()
     assert "USDT" not in capfd.readouterr().err and any(e.name.startswith("aten::") for e in prof.events())
+
+
+def test_the_peer_is_built_and_recorded_before_any_engine_captures() -> None:
+    """torch's graph trees clear cuBLAS's workspaces when they record: an engine graph captured before
+    would keep the freed workspace (on the H200 this ended in an illegal memory access)."""
+    assert build_order(("none", "piecewise", "full", "compiled_full", "reduce_overhead")) == [
+        "reduce_overhead", "none", "piecewise", "full", "compiled_full"]
+    assert build_order(("none", "full")) == ["none", "full"]

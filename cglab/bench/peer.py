@@ -5,6 +5,10 @@ and replay it. The engine around it is the same as for every other row (buffers,
 metadata written in place), in mode NONE: the engine captures nothing, torch does. Its metadata is
 capture-safe, as for FULL, so its attention reads the same key range as FULL's and the two do the
 same work.
+
+The peer records all of its graphs before any engine runner is built: whenever the graph trees
+record, they clear cuBLAS's workspaces (so that the new graph's workspace lives in their own pool),
+and a graph an engine had captured before would go on using the freed workspace.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from cglab.compilation.decorators import fresh_forward
 from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["ReduceOverheadForward", "capture_safe", "cudagraph_skips"]
+__all__ = ["ReduceOverheadForward", "capture_safe", "cudagraph_skips", "record_peer"]
 
 
 class ReduceOverheadForward:
@@ -45,6 +49,15 @@ def capture_safe(runner: ModelRunner, prepared: PreparedStep) -> PreparedStep:
     slot_mapping = runner.block_tables.slot_mapping[: batch.num_tokens_after_padding]
     metadata = prepare_attn(batch, block_table, slot_mapping, runner.attn_groups, for_capture=True)
     return replace(prepared, attn_metadata=metadata)
+
+
+def record_peer(runner: ModelRunner, prepared: PreparedStep) -> None:
+    """Compile, warm up and record the peer's graph for ``prepared``'s shape (the graph trees record
+    on a shape's second call and replay from its third)."""
+    for _ in range(3):
+        runner.execute(prepared)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
 
 
 def cudagraph_skips() -> int:
