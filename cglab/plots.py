@@ -1,22 +1,26 @@
-"""Figures of benchmark results (``cglab.bench``), matplotlib only, one question per Axes.
+"""Figures of benchmark results (``cglab.bench``) and of speculative decoding runs, matplotlib only,
+one question per Axes.
 
-Every title names the device the numbers come from; results of the CPU simulator also say, in the
-title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes one)
-and returns it, so notebooks can lay figures out as they like.
+Every benchmark title names the device the numbers come from; results of the CPU simulator also say,
+in the title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes
+one) and returns it, so notebooks can lay figures out as they like.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cglab.bench import BenchResult
+from cglab.errors import ConfigError
+from cglab.repro import ReproResult
 
 __all__ = ["SIM_LABEL", "plot_kernel_floor", "plot_latency", "plot_overview", "plot_piecewise_break_cost",
-           "plot_speedup"]
+           "plot_speedup", "plot_tokens_per_step"]
 
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
 _STYLE = {"none": ("eager (NONE)", "tab:red", "o"), "piecewise": ("PIECEWISE", "tab:orange", "s"),
@@ -125,6 +129,44 @@ def plot_overview(result: BenchResult) -> Figure:
         suptitle += f"\n{SIM_LABEL}"
     fig.suptitle(suptitle)
     return fig
+
+
+def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = None) -> Axes:
+    """Tokens a request gains per speculative step (its accepted drafts plus the target's own token),
+    one line per run, against the same drafter run eagerly (the reference) and the two bounds: 1
+    without speculation, ``K + 1`` when every draft is accepted.
+
+    A count, not a timing: it reads the same on the simulator and on a GPU.
+    """
+    if not results or any(not r.tokens_per_step for r in results.values()):
+        raise ConfigError("plot_tokens_per_step needs speculative decoding results: run_spec_repro(...) for each run")
+    ks = {r.num_speculative_tokens for r in results.values()}
+    if len(ks) != 1:
+        raise ConfigError(f"the runs have different numbers of speculative tokens ({sorted(ks)}); plot them apart")
+    (k,) = ks
+    ax = _axes(ax)
+    first = next(iter(results.values()))
+    reference = first.reference_tokens_per_step
+    steps = range(1, len(reference) + 1)
+    ax.plot(steps, reference, color="black", linestyle="--", marker=".",
+            label=f"eager drafter (reference): {_mean(reference):.2f} tokens/step")
+    for label, result in results.items():
+        ax.plot(range(1, len(result.tokens_per_step) + 1), result.tokens_per_step, marker="o",
+                label=f"{label}: {_mean(result.tokens_per_step):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
+    for bound, text in ((1, "1: no speculation"), (k + 1, f"{k + 1}: every draft accepted")):
+        ax.axhline(bound, color="gray", linewidth=1, linestyle=":")
+        ax.annotate(text, (1, bound), textcoords="offset points", xytext=(2, 3), fontsize=7, color="gray")
+    ax.set_ylim(0, k + 1.6)
+    ax.set_xlabel("speculative step")
+    ax.set_ylabel("tokens per request per step (mean over the batch)")
+    ax.set_title(f"Tokens per step, {k} speculative tokens, greedy verification", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    return ax
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 # ----------------------------------------------------------------------------------- helpers

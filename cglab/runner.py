@@ -265,7 +265,7 @@ class ModelRunner:
         reqs, tokens = [], []
         for req_id, ids in scheduled.items():
             reqs.append(self._request(req_id))
-            ids = _token_ids(req_id, ids)
+            ids = parse_token_ids(req_id, ids)
             if not ids:
                 raise ConfigError(f"request {req_id!r} has no new tokens in this step; give at least one")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
@@ -314,7 +314,7 @@ def prepare_inputs(requests: Sequence[RequestState], query_lens: Sequence[int], 
     return input_batch, prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=False)
 
 
-def _token_ids(req_id: str, ids: object) -> list[int]:
+def parse_token_ids(req_id: str, ids: object) -> list[int]:
     """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
     if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
         raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "

@@ -18,7 +18,7 @@ import torch
 from cglab.batch import BatchExecutionDescriptor
 from cglab.config import CUDAGraphMode, ToyConfig, adjust_capture_sizes_for_spec_decode, check_num_speculative_tokens
 from cglab.errors import ConfigError
-from cglab.runner import ModelRunner
+from cglab.runner import ModelRunner, parse_token_ids
 from cglab.spec_decode.draft_model import draft_layer_pairs
 from cglab.spec_decode.rejection_sampler import greedy_verify
 from cglab.spec_decode.speculator import AutoRegressiveSpeculator
@@ -83,8 +83,11 @@ class SpecDecodeRunner:
 
     def add_request(self, req_id: str, prompt: Sequence[int]) -> None:
         """Admit a request; its first step carries the whole prompt."""
-        self.target.add_request(req_id, num_prompt_tokens=len(prompt) or None)
-        self.prompts[req_id] = list(prompt)
+        tokens = parse_token_ids(req_id, prompt)
+        if not tokens:
+            raise ConfigError(f"request {req_id!r} needs a prompt of at least one token")
+        self.target.add_request(req_id, num_prompt_tokens=len(tokens))
+        self.prompts[req_id] = tokens
         self.outputs[req_id] = []
 
     def step(self, req_ids: Sequence[str], eager: bool = False,
@@ -96,6 +99,8 @@ class SpecDecodeRunner:
         ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode
         dispatches as usual).
         """
+        if len(set(req_ids)) != len(req_ids):
+            raise ConfigError(f"a step schedules each request once; {list(req_ids)} names one more than once")
         tokens, num_drafts = [], []
         for req_id in req_ids:
             if req_id in self.next_token:
