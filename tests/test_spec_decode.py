@@ -7,12 +7,18 @@ its fusion short conv, then one attention layer.
 
 from __future__ import annotations
 
-import pytest
-import torch
+import matplotlib
 
-from cglab import ConfigError, ModelRunner, ToyConfig
-from cglab.config import adjust_capture_sizes_for_spec_decode
-from cglab.spec_decode import SpecDecodeRunner, greedy_verify, run_spec_repro
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from cglab import ConfigError, ModelRunner, ReproResult, ToyConfig  # noqa: E402
+from cglab.config import adjust_capture_sizes_for_spec_decode  # noqa: E402
+from cglab.plots import plot_tokens_per_step  # noqa: E402
+from cglab.spec_decode import SpecDecodeRunner, greedy_verify, run_spec_repro  # noqa: E402
 
 K = 2
 # Three requests, batches of 1, 2 and 3: every verification batch (3, 6 or 9 tokens) fits a graph of
@@ -142,6 +148,29 @@ def test_speculative_tokens_are_exactly_the_greedy_tokens():
     assert steps < 23  # some drafts were accepted: fewer steps than tokens
 
 
+def test_drafts_after_steps_equal_the_drafts_of_one_prefill_of_the_same_tokens():
+    """Draft prefill picks each request's last accepted row, and the drafter's caches hold only verified
+    rows where it reads: so after any number of steps (rejections included) the drafts are the ones a
+    fresh drafter proposes after prefilling the same tokens at once."""
+    config = ToyConfig(layers="attn,attn", max_num_reqs=2, max_model_len=48, seed=5)
+    prompts = {"a": [4, 8, 15, 16, 23], "b": [42, 7, 7, 1, 30, 2, 11]}
+    runner = SpecDecodeRunner(config, "none", num_speculative_tokens=3)
+    for req_id, prompt in prompts.items():
+        runner.add_request(req_id, prompt)
+        runner.step([req_id])
+    rejected = 0
+    for _ in range(5):
+        out = runner.step(["a", "b"])
+        rejected += sum(d - a for d, a in zip(out.num_drafts, out.num_accepted))
+    assert rejected > 0  # the case that matters: rows past the last accepted one held rejected drafts
+    for req_id, prompt in prompts.items():
+        fresh = SpecDecodeRunner(config, "none", num_speculative_tokens=3)
+        *seen, last = prompt + runner.outputs[req_id]
+        fresh.add_request(req_id, seen)
+        assert fresh.step([req_id]).new_tokens == [[last]]  # the same greedy token...
+        assert fresh.drafts[req_id] == runner.drafts[req_id]  # ...and the same drafts after it
+
+
 def test_greedy_verify_accepts_up_to_the_first_mismatch():
     vocab = 8
 
@@ -186,3 +215,32 @@ def test_bad_requests_in_a_step_are_refused():
         runner.step(["b"])
     with pytest.raises(ConfigError, match="list of token ids"):
         runner.add_request("c", 5)
+
+
+def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2) -> ReproResult:
+    result = ReproResult("piecewise", "compiled", False, "attn,attn", "sim", {}, len(tokens_per_step), 0, {}, 0.0,
+                         False, None, num_speculative_tokens=k, acceptance_rate=acceptance,
+                         reference_acceptance_rate=0.75)
+    result.tokens_per_step, result.reference_tokens_per_step = tokens_per_step, [2.5, 2.5, 2.0]
+    return result
+
+
+def test_tokens_per_step_plot_draws_every_run_against_the_eager_drafter():
+    results = {"fixed": _spec_result([2.5, 2.5, 2.0], 0.75), "legacy": _spec_result([1.0, 1.5, 1.0], 0.125)}
+    ax = plot_tokens_per_step(results)
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert lines == {"eager drafter (reference): 2.33 tokens/step": [2.5, 2.5, 2.0],
+                     "fixed: 2.33 tokens/step, acceptance 0.75": [2.5, 2.5, 2.0],
+                     "legacy: 1.17 tokens/step, acceptance 0.12": [1.0, 1.5, 1.0]}
+    bounds = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_label().startswith("_"))
+    assert bounds == [1, 3]  # no speculation, and every one of the K = 2 drafts accepted
+    assert "2 speculative tokens" in ax.get_title()
+    plt.close(ax.figure)
+
+
+def test_tokens_per_step_plot_refuses_runs_it_cannot_compare():
+    with pytest.raises(ConfigError, match="needs speculative decoding results"):
+        plot_tokens_per_step({"plain": ReproResult("full", "compiled", False, "attn", "sim", {}, 1, 0, {}, 0.0, False,
+                                                   None)})
+    with pytest.raises(ConfigError, match="different numbers of speculative tokens"):
+        plot_tokens_per_step({"k2": _spec_result([1.0], 0.1), "k3": _spec_result([1.0], 0.1, k=3)})
