@@ -127,19 +127,11 @@ def _run_repro(args: argparse.Namespace) -> int:
 
 
 def _print_acceptance(result: ReproResult) -> None:
-    assert result.reference_acceptance_rate is not None
-    diverged = [name for name, d in result.state_diffs.items() if d > result.tolerance]
-    if diverged:
-        print(f"  caches that diverged: {', '.join(diverged)}")
-    if not result.outputs_identical:
-        verdict = "the generated tokens differ too: the target itself is broken"
-    elif result.lost_acceptance:
-        verdict = "LOWER than the eager drafter's: outputs exact, speed silently lost"
-    else:
-        verdict = "as the eager drafter's"
-    print(f"  {result.num_speculative_tokens} speculative tokens, drafts ran as {result.draft_steps_by_mode}: "
-          f"acceptance rate {result.acceptance_rate:.3f} (eager drafter {result.reference_acceptance_rate:.3f}), "
-          f"generated tokens identical to the eager run: {result.outputs_identical} -> {verdict}")
+    from cglab.spec_decode import summarize_spec
+
+    print(f"  {result.num_speculative_tokens} speculative tokens, drafts ran as {result.draft_steps_by_mode}")
+    for line in summarize_spec(result).splitlines():
+        print(f"  {line}")
 
 
 def _mode_list(text: str) -> list[str]:

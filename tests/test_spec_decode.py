@@ -11,14 +11,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+import torch
 
-from cglab import ConfigError, ModelRunner, ReproResult, ToyConfig  # noqa: E402
-from cglab.config import adjust_capture_sizes_for_spec_decode  # noqa: E402
-from cglab.plots import plot_tokens_per_step  # noqa: E402
-from cglab.spec_decode import SpecDecodeRunner, greedy_verify, run_spec_repro  # noqa: E402
+from cglab import ConfigError, ModelRunner, ReproResult, ToyConfig
+from cglab.config import adjust_capture_sizes_for_spec_decode
+from cglab.plots import plot_tokens_per_step
+from cglab.spec_decode import (
+    SpecDecodeRunner,
+    greedy_decode,
+    greedy_verify,
+    run_spec_repro,
+    summarize_spec,
+)
 
 K = 2
 # Three requests, batches of 1, 2 and 3: every verification batch (3, 6 or 9 tokens) fits a graph of
@@ -71,6 +77,7 @@ def test_drafter_acceptance_equals_the_eager_drafters(device, case, replays):
     assert result.steps_by_mode == target
     assert result.draft_steps_by_mode == {"prefill": prefill, "decode": decode}
     assert replays == graph_replays  # every one of those graphs really replayed
+    assert "-> as the eager drafter's" in summarize_spec(result) and "caches that diverged: none" in summarize_spec(result)
 
 
 def test_legacy_drafter_loses_acceptance_and_keeps_the_outputs_exact(device, replays):
@@ -88,6 +95,8 @@ def test_legacy_drafter_loses_acceptance_and_keeps_the_outputs_exact(device, rep
     assert sum(result.tokens_per_step) < sum(result.reference_tokens_per_step)
     diverged = {name for name, diff in result.state_diffs.items() if diff > result.tolerance}
     assert diverged == DRAFTER_CACHES  # the target's caches match eager: only the drafter's state is off
+    summary = summarize_spec(result)
+    assert "LOWER than the eager drafter's: outputs exact" in summary and "identical to the eager run: True" in summary
     assert result.draft_steps_by_mode["prefill"] == {"piecewise": STEPS}
     assert replays == {"piecewise": 2 * STEPS}
 
@@ -117,7 +126,7 @@ def test_frozen_step_index_freezes_the_draft_column(device):
     eager.add_request("r", prompt)
     eager.step(["r"])
     assert drafts[False] == eager.drafts["r"]
-    first, second, third = eager.drafts["r"]
+    first, _, third = eager.drafts["r"]
     assert drafts[True] == [first, third, 0]  # column 2 was never written: it still holds its initial 0
 
 
@@ -133,11 +142,7 @@ def test_frozen_step_index_is_detected_by_acceptance(device):
 def test_speculative_tokens_are_exactly_the_greedy_tokens():
     config = ToyConfig(layers="attn,attn", max_num_reqs=1, max_model_len=48)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    plain = ModelRunner(config, "none")
-    plain.add_request("r")
-    greedy = [int(plain.step({"r": prompt}).logits[-1].argmax())]
-    while len(greedy) < 24:
-        greedy.append(int(plain.step({"r": greedy[-1:]}).logits[-1].argmax()))
+    greedy = greedy_decode(ModelRunner(config, "none"), "r", prompt, 24)
     spec = SpecDecodeRunner(config, "none", num_speculative_tokens=3)
     spec.add_request("r", prompt)
     steps = 0

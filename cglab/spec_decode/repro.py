@@ -103,6 +103,25 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     return result
 
 
+def summarize_spec(result: ReproResult) -> str:
+    """What a speculative run did, in two lines: acceptance against the eager drafter, and whether the
+    outputs stayed exact (and which caches diverged, if any)."""
+    if result.acceptance_rate is None or result.reference_acceptance_rate is None:
+        return f"no speculative step completed ({result.error or 'no drafts were verified'})"
+    if not result.outputs_identical:
+        verdict = "the generated tokens differ too: the target itself is broken"
+    elif result.lost_acceptance:
+        verdict = "LOWER than the eager drafter's: outputs exact, speed silently lost"
+    else:
+        verdict = "as the eager drafter's"
+    tokens, reference = (sum(t) / len(t) for t in (result.tokens_per_step, result.reference_tokens_per_step))
+    diverged = [name for name, d in result.state_diffs.items() if d > result.tolerance]
+    return (f"acceptance rate {result.acceptance_rate:.3f} (eager drafter {result.reference_acceptance_rate:.3f}), "
+            f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
+            f"generated tokens identical to the eager run: {result.outputs_identical}; "
+            f"caches that diverged: {', '.join(diverged) or 'none'}")
+
+
 def _count(counter: dict[str, int], key: str) -> None:
     counter[key] = counter.get(key, 0) + 1
 

@@ -136,3 +136,13 @@ class SpecDecodeRunner:
     def close(self) -> None:
         self.speculator.close()
         self.target.close()
+
+
+def greedy_decode(runner: ModelRunner, req_id: str, prompt: Sequence[int], num_tokens: int) -> list[int]:
+    """Plain greedy decoding on ``runner``, one token a step: the tokens speculative decoding with greedy
+    verification must reproduce exactly."""
+    runner.add_request(req_id)
+    tokens = [int(runner.step({req_id: list(prompt)}).logits[-1].argmax())]
+    while len(tokens) < num_tokens:
+        tokens.append(int(runner.step({req_id: tokens[-1:]}).logits[-1].argmax()))
+    return tokens
