@@ -114,7 +114,7 @@ def test_frozen_step_index_freezes_the_draft_column(device):
     column it was captured with (1) at every step. Draft 2 overwrites draft 1, draft 3's column stays
     stale, and the drafts the target verifies are wrong ones."""
     config = ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48, capture_sizes=(4, 8))
-    prompt = [5, 9, 2, 7, 1, 3]
+    prompt = [56, 26, 17, 26, 22, 2, 2, 63, 60]
     drafts = {}
     for frozen in (False, True):
         runner = SpecDecodeRunner(config, "full", num_speculative_tokens=3, frozen_step_index=frozen, device=device)
@@ -126,7 +126,8 @@ def test_frozen_step_index_freezes_the_draft_column(device):
     eager.add_request("r", prompt)
     eager.step(["r"])
     assert drafts[False] == eager.drafts["r"]
-    first, _, third = eager.drafts["r"]
+    first, second, third = eager.drafts["r"]
+    assert len({first, second, third, 0}) == 4  # distinct, so no other column mix-up passes the check below
     assert drafts[True] == [first, third, 0]  # column 2 was never written: it still holds its initial 0
 
 
