@@ -146,8 +146,9 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
     (k,) = ks
     ax = _axes(ax)
     for label, result in results.items():
-        ax.plot(range(1, len(result.tokens_per_step) + 1), result.tokens_per_step, marker="o",
-                label=f"{label}: {_mean(result.tokens_per_step):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
+        tokens = result.tokens_per_step
+        ax.plot(range(1, len(tokens) + 1), tokens, marker="o",
+                label=f"{label}: {_mean(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
     # On top, dashed: a run that matches the eager drafter lies right under it.
     reference = next(iter(results.values())).reference_tokens_per_step
     ax.plot(range(1, len(reference) + 1), reference, color="black", linestyle="--", marker=".", zorder=3,

@@ -77,7 +77,8 @@ def test_drafter_acceptance_equals_the_eager_drafters(device, case, replays):
     assert result.steps_by_mode == target
     assert result.draft_steps_by_mode == {"prefill": prefill, "decode": decode}
     assert replays == graph_replays  # every one of those graphs really replayed
-    assert "-> as the eager drafter's" in summarize_spec(result) and "caches that diverged: none" in summarize_spec(result)
+    summary = summarize_spec(result)
+    assert "-> as the eager drafter's" in summary and "caches that diverged: none" in summary
 
 
 def test_legacy_drafter_loses_acceptance_and_keeps_the_outputs_exact(device, replays):
@@ -234,7 +235,8 @@ def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2) ->
 def test_tokens_per_step_plot_draws_every_run_against_the_eager_drafter():
     results = {"fixed": _spec_result([2.5, 2.5, 2.0], 0.75), "legacy": _spec_result([1.0, 1.5, 1.0], 0.125)}
     ax = plot_tokens_per_step(results)
-    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines() if not line.get_label().startswith("_")}
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()
+             if not line.get_label().startswith("_")}
     assert lines == {"eager drafter (reference): 2.33 tokens/step": [2.5, 2.5, 2.0],
                      "fixed: 2.33 tokens/step, acceptance 0.75": [2.5, 2.5, 2.0],
                      "legacy: 1.17 tokens/step, acceptance 0.12": [1.0, 1.5, 1.0]}

@@ -14,5 +14,5 @@ from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, Spe
 from cglab.spec_decode.speculator import AutoRegressiveSpeculator
 
 __all__ = ["DEFAULT_DRAFT_LAYERS", "AutoRegressiveSpeculator", "DraftModel", "SpecDecodeRunner", "SpecStepOutput",
-           "SpeculatorCudaGraphManager", "draft_decode_mode", "draft_layer_pairs", "greedy_decode", "greedy_verify", "run_spec_repro",
-           "summarize_spec"]
+           "SpeculatorCudaGraphManager", "draft_decode_mode", "draft_layer_pairs", "greedy_decode", "greedy_verify",
+           "run_spec_repro", "summarize_spec"]

@@ -102,5 +102,5 @@ class DraftModel(nn.Module):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The drafter's caches, keyed ``"draft.layers.0.sconv.conv_state"``."""
-        mixers = [(self.fusion.layer_name, self.fusion), *((layer.mixer.layer_name, layer.mixer) for layer in self.layers)]
-        return {f"{name}.{key}": value for name, mixer in mixers for key, value in mixer.state_tensors().items()}
+        mixers = [self.fusion, *(layer.mixer for layer in self.layers)]
+        return {f"{mixer.layer_name}.{key}": value for mixer in mixers for key, value in mixer.state_tensors().items()}

@@ -27,7 +27,8 @@ from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, Spe
 
 def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_tokens: int = 2,
                    legacy_skip_attn: bool = False, piecewise_flavor: str = "compiled",
-                   splitting_ops: Sequence[str] | None = None, layers: str | Sequence[str] = "sconv,attn,compressor,attn",
+                   splitting_ops: Sequence[str] | None = None,
+                   layers: str | Sequence[str] = "sconv,attn,compressor,attn",
                    draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS, strict_layers: bool = False,
                    capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
                    frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,

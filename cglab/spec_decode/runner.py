@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from cglab.batch import BatchExecutionDescriptor
-from cglab.config import CUDAGraphMode, ToyConfig, adjust_capture_sizes_for_spec_decode, check_num_speculative_tokens
+from cglab.config import (
+    CUDAGraphMode,
+    ToyConfig,
+    adjust_capture_sizes_for_spec_decode,
+    check_num_speculative_tokens,
+    check_seed,
+)
 from cglab.errors import ConfigError
 from cglab.runner import ModelRunner, parse_token_ids
 from cglab.spec_decode.draft_model import draft_layer_pairs
@@ -69,7 +75,7 @@ class SpecDecodeRunner:
         self.num_speculative_tokens = k
         self.target = ModelRunner(config, cudagraph_mode, decode_query_len=k + 1, draft_layers=pairs,
                                   return_hidden_states=True, **runner_kwargs)
-        seed = config.seed + 1 if draft_seed is None else draft_seed
+        seed = config.seed + 1 if draft_seed is None else check_seed(draft_seed)
         self.speculator = AutoRegressiveSpeculator(self.target, k, draft_layers, seed=seed,
                                                    frozen_step_index=frozen_step_index)
         self.prompts: dict[str, list[int]] = {}

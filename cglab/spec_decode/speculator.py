@@ -45,8 +45,8 @@ class AutoRegressiveSpeculator:
     """The drafter of one target ``ModelRunner``: its model, buffers, builders and two graph sets.
 
     The target runner must have been built with ``decode_query_len = K + 1``, the drafter's layers
-    (``draft_layer_pairs``) and ``return_hidden_states``, as ``SpecDecodeRunner`` does. Graphs are captured here, after the
-    target's, with the target's graph backend, flavor, splitting ops and legacy switch.
+    (``draft_layer_pairs``) and ``return_hidden_states``, as ``SpecDecodeRunner`` does. Graphs are
+    captured here, after the target's, with its graph backend, flavor, splitting ops and legacy switch.
     """
 
     def __init__(self, target: ModelRunner, num_speculative_tokens: int, draft_layers: str | Sequence[str], *,
@@ -58,8 +58,8 @@ class AutoRegressiveSpeculator:
         self.model = DraftModel(config, draft_layers, target.model, seed)
         self.forward_model: Any = self.model
         device = target.device
-        # Draft decode writes its own inputs; draft prefill reads only ids and positions from here
-        # (its metadata is the target's).
+        # Draft decode writes all its inputs here; draft prefill only ids and positions (its metadata
+        # is the target's).
         self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, device)
         # The hidden states the drafter reads: the target's (draft prefill), then its own (draft decode).
         self.hidden_states = torch.zeros(config.max_num_tokens, config.hidden_size,
@@ -104,15 +104,15 @@ class AutoRegressiveSpeculator:
         self.prefill_manager.capture_routine(self._captured_prefill, target.input_buffers, target.block_tables,
                                              target.attn_groups, reads=self._reads, **switches)
         if self.num_speculative_tokens > 1:
-            self.current_draft_step.fill_(1)  # the step a frozen Python index is captured with
+            self.current_draft_step.fill_(1)  # warmup and capture run step 1, the first draft decode step
             self.decode_manager.capture_routine(self._captured_decode, self.input_buffers, target.block_tables,
                                                 self.attn_groups, reads=self._reads, **switches)
 
     def _captured_prefill(self, desc: BatchExecutionDescriptor, num_reqs: int) -> torch.Tensor:
-        logits = self._run_model(desc.num_tokens)
+        out = self._run_model(desc.num_tokens)
         if desc.cg_mode is not FULL:  # PIECEWISE: only the model's pieces are graphs, sampling runs eagerly
-            return logits
-        self._sample_prefill(logits, num_reqs)
+            return out
+        self._sample_prefill(out, num_reqs)
         return self.draft_tokens
 
     def _captured_decode(self, desc: BatchExecutionDescriptor, num_reqs: int) -> torch.Tensor:
@@ -168,10 +168,10 @@ class AutoRegressiveSpeculator:
         """Drafts after the target ran ``step``: ``K`` tokens per request.
 
         ``target_output``: the target's padded output (logits, then hidden states), as ``execute``
-        returned it. ``tokens``: each request's tokens in that step; ``num_valid``: how many of them the target
-        kept (the whole prompt, or the last token plus the accepted drafts); ``next_tokens``: the token
-        the target produced after them. Returns the drafts and how the draft prefill and each draft
-        decode step ran.
+        returned it. ``tokens``: each request's tokens in that step; ``num_valid``: how many of them
+        the target kept (the whole prompt, or the last token plus the accepted drafts); ``next_tokens``:
+        the token the target produced after them. Returns the drafts and how the draft prefill and each
+        draft decode step ran.
         """
         batch = step.input_batch
         shifted, last_rows, start = [], [], 0
@@ -186,7 +186,7 @@ class AutoRegressiveSpeculator:
         self.input_buffers.positions[:padded].copy_(batch.positions)  # the target's positions, on the device
         write_padded(self.last_token_indices, last_rows, 0, self.last_token_indices.shape[0])
         self.hidden_states[:padded].copy_(target_output[:padded, self.vocab_size:])
-        # The draft prefill takes the target's graph: the same policy, sizes and uniform_token_count.
+        # The draft prefill takes the target's descriptor: same policy, sizes and uniform_token_count.
         prefill = step.descriptor
         with set_forward_context(step.attn_metadata, prefill.cg_mode, prefill):
             if prefill.cg_mode is NONE:
