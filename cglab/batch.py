@@ -55,10 +55,11 @@ class InputBatch:
     max_seq_len: int
 
     @classmethod
-    def prepare(cls, query_lens: Sequence[int], seq_lens: Sequence[int], input_ids: Sequence[int],
+    def prepare(cls, query_lens: Sequence[int], seq_lens: Sequence[int], input_ids: Sequence[int] | None,
                 input_buffers: InputBuffers, num_tokens_after_padding: int,
                 num_reqs_after_padding: int) -> InputBatch:
-        """Write a real batch into ``input_buffers`` (in place) and describe it."""
+        """Write a real batch into ``input_buffers`` (in place) and describe it. ``input_ids=None``
+        keeps the ids already in the buffer (see ``InputBuffers.write``)."""
         num_tokens = sum(query_lens)
         query_start_loc = [0]
         positions: list[int] = []

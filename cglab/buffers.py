@@ -17,7 +17,7 @@ import torch
 PAD_SLOT_ID = -1
 
 
-def _write(dst: torch.Tensor, values: Sequence[int] | torch.Tensor, fill: int, length: int) -> torch.Tensor:
+def write_padded(dst: torch.Tensor, values: Sequence[int] | torch.Tensor, fill: int, length: int) -> torch.Tensor:
     """Copy ``values`` into ``dst[:len(values)]``, fill up to ``length``, return the view ``dst[:length]``."""
     src = torch.as_tensor(values, dtype=dst.dtype)
     n = src.shape[0]
@@ -37,14 +37,19 @@ class InputBuffers:
         self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.long, device=device)
         self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.long, device=device)
 
-    def write(self, input_ids: Sequence[int], positions: Sequence[int], query_start_loc: Sequence[int],
+    def write(self, input_ids: Sequence[int] | None, positions: Sequence[int], query_start_loc: Sequence[int],
               seq_lens: Sequence[int], num_tokens_padded: int, num_reqs_padded: int) -> None:
-        """Write one step in place. Padded tokens get id 0 at position 0; padded requests are empty."""
-        _write(self.input_ids, input_ids, 0, num_tokens_padded)
-        _write(self.positions, positions, 0, num_tokens_padded)
+        """Write one step in place. Padded tokens get id 0 at position 0; padded requests are empty.
+
+        ``input_ids=None`` keeps the ids already in the buffer: a draft decode step writes the next
+        step's ids on the device, so the host never has to read them back.
+        """
+        if input_ids is not None:
+            write_padded(self.input_ids, input_ids, 0, num_tokens_padded)
+        write_padded(self.positions, positions, 0, num_tokens_padded)
         # A padded request starts where the real tokens end and has no query tokens and no history.
-        _write(self.query_start_loc, query_start_loc, query_start_loc[-1], num_reqs_padded + 1)
-        _write(self.seq_lens, seq_lens, 0, num_reqs_padded)
+        write_padded(self.query_start_loc, query_start_loc, query_start_loc[-1], num_reqs_padded + 1)
+        write_padded(self.seq_lens, seq_lens, 0, num_reqs_padded)
 
 
 class BlockTables:
@@ -77,4 +82,4 @@ class BlockTables:
 
     def write_slot_mappings(self, slots: Sequence[int], num_tokens_padded: int) -> torch.Tensor:
         """Write each real token's slot; the padded tail gets ``PAD_SLOT_ID``."""
-        return _write(self.slot_mapping, slots, PAD_SLOT_ID, num_tokens_padded)
+        return write_padded(self.slot_mapping, slots, PAD_SLOT_ID, num_tokens_padded)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,6 +70,23 @@ def prepare_inputs_to_capture_legacy(num_reqs: int, num_tokens: int, input_buffe
     return attn_metadata, slot_mapping
 
 
+def prepare_capture_metadata(desc: BatchExecutionDescriptor, num_reqs: int, input_buffers: InputBuffers,
+                             block_tables: BlockTables, attn_groups: Sequence[AttentionGroup], *,
+                             legacy_skip_attn: bool, use_breakable_cg: bool) -> dict[str, Any] | None:
+    """The metadata ``desc``'s graph is captured with: the fixed path, or with ``legacy_skip_attn`` the
+    code from before the fix. The target model and the speculative drafter both call this, because
+    vLLM PR #49364 changed both call sites the same way."""
+    args = (num_reqs, desc.num_tokens, input_buffers, block_tables, attn_groups)
+    piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
+    if not legacy_skip_attn:
+        return prepare_inputs_to_capture(*args, full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)[0]
+    # The old, buggy path: compiled PIECEWISE capture built no metadata.
+    attn_metadata, _ = prepare_inputs_to_capture_legacy(*args, skip_attn=piecewise and not use_breakable_cg)
+    if piecewise:  # the assert that stood in vLLM's capture code before the fix
+        assert (attn_metadata is not None) == use_breakable_cg
+    return attn_metadata
+
+
 def graph_reads(attn_metadata: Mapping[str, Any] | None, **buffers: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every tensor a forward reads from outside its graph, by name: the ``buffers`` given (inputs,
     caches) plus each metadata field, as ``"layers.0.sconv.tap_slots"``."""
@@ -83,6 +100,18 @@ def graph_reads(attn_metadata: Mapping[str, Any] | None, **buffers: torch.Tensor
                 if isinstance(value, torch.Tensor):
                     reads[f"{layer_name}.{f.name}"] = value
     return reads
+
+
+def tensor_source(name: str, attn_groups: Sequence[AttentionGroup], state_names: Iterable[str],
+                  otherwise: str) -> str:
+    """Who produced the tensor a graph reads as ``name`` (see ``graph_reads``), for error messages."""
+    if name in set(state_names):
+        return " (a cache of the model)"
+    layer = name.rpartition(".")[0]
+    for group in attn_groups:
+        if layer in group.layer_names:
+            return f" (returned by {type(group.builder).__name__}.build())"
+    return otherwise
 
 
 @dataclass

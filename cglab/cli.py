@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
 from cglab.config import OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
-from cglab.errors import CglabError
+from cglab.errors import CglabError, ConfigError
+
+if TYPE_CHECKING:
+    from cglab.repro import ReproResult
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +50,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
     p.add_argument("--strict-attention", action="store_true",
                    help="an FA3-like attention kernel that refuses the dummy capture batch")
-    p.add_argument("--capture-sizes", type=int_list, default=[1, 2, 4, 8])
+    p.add_argument("--capture-sizes", type=int_list,
+                   help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those, and given "
+                        "sizes are rounded to multiples of K+1)")
     p.add_argument("--batch-sizes", type=int_list, default=[3, 1, 8], help="decode batch sizes, cycled")
     p.add_argument("--steps", type=int, default=16,
                    help="steps after the eager prefill; with --prefill-chunk, all steps")
@@ -55,24 +60,46 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help="0: prefill eagerly first; N: prompts enter the engine N tokens a step, mixed with decodes")
     p.add_argument("--uniform-decode-by-shape", action="store_true",
                    help="classify uniform decode by batch shape alone, as vLLM did before PR #51865")
+    p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
+                   help="speculative decoding: K drafts per step from an EAGLE-style drafter, verified greedily; "
+                        "reports acceptance_rate and reference_acceptance_rate (the same drafter run eagerly)")
+    p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default attn)")
+    p.add_argument("--frozen-step-index", action="store_true",
+                   help="the draft step index as a Python int frozen at capture, as in vLLM PR #48892")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--check", action="store_true", help="exit 1 if replay diverged from eager or an error occurred")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if replay diverged from eager, the acceptance rate fell below the reference's, or an "
+                        "error occurred")
     p.set_defaults(func=_run_repro)
 
 
 def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
+    from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, run_spec_repro
 
-    result = run_repro(args.mode, legacy_skip_attn=args.legacy_skip_attn, piecewise_flavor=args.piecewise_flavor,
-                       splitting_ops=args.splitting_ops, layers=args.layers, strict_layers=args.strict_layers,
-                       strict_attention=args.strict_attention, capture_sizes=args.capture_sizes,
-                       batch_sizes=args.batch_sizes, steps=args.steps, prefill_chunk=args.prefill_chunk,
-                       uniform_decode_by_shape=args.uniform_decode_by_shape, seed=args.seed, device=args.device)
+    common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor,
+              "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
+              "strict_attention": args.strict_attention, "capture_sizes": args.capture_sizes,
+              "batch_sizes": args.batch_sizes, "steps": args.steps,
+              "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
+    if args.num_speculative_tokens == 0:
+        if args.draft_layers is not None or args.frozen_step_index:
+            raise ConfigError("--draft-layers and --frozen-step-index describe the drafter: add "
+                              "--num-speculative-tokens K (K >= 1)")
+        result = run_repro(args.mode, prefill_chunk=args.prefill_chunk, **common)
+    else:
+        if args.prefill_chunk:
+            raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
+                              "follow an eager prefill; drop one of the two")
+        result = run_spec_repro(args.mode, num_speculative_tokens=args.num_speculative_tokens,
+                                draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
+                                frozen_step_index=args.frozen_step_index, **common)
     # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
     no_graphs = result.mode != "none" and result.error is None and not result.replayed_graphs
-    status = 1 if args.check and (result.diverged or result.error or no_graphs) else 0
+    failed = result.diverged or result.lost_acceptance or result.error or no_graphs
+    status = 1 if args.check and failed else 0
     if args.json:
         print(json.dumps(result.to_json()))
         return status
@@ -87,12 +114,15 @@ def _run_repro(args: argparse.Namespace) -> int:
     if result.max_abs_diff is not None:
         verdict = ("DIVERGED from eager" if result.diverged else
                    "NO GRAPH REPLAYED (every step ran eagerly)" if no_graphs else "matches eager")
-        what = f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk else "decode steps"
+        what = (f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk
+                else "speculative steps" if result.num_speculative_tokens else "decode steps")
         print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager| = "
               f"{result.max_abs_diff:.3g}, caches diverged: {result.state_diverged} -> {verdict}")
         if no_graphs:
             print("  no batch fitted a captured graph, so this run says nothing about graphs: use --batch-sizes "
                   "within --capture-sizes (and, for full_decode_only, decode steps)")
+    if result.acceptance_rate is not None:
+        _print_acceptance(result)
     return status
 
 
@@ -105,6 +135,14 @@ def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
         return names
 
     return parse
+
+
+def _print_acceptance(result: ReproResult) -> None:
+    from cglab.spec_decode import summarize_spec
+
+    print(f"  {result.num_speculative_tokens} speculative tokens, drafts ran as {result.draft_steps_by_mode}")
+    for line in summarize_spec(result).splitlines():
+        print(f"  {line}")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

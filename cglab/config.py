@@ -141,6 +141,35 @@ def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
     return max(dummy_query_lens(min(num_tokens, max_num_reqs), num_tokens))
 
 
+def check_num_speculative_tokens(value: object) -> int:
+    """``value`` if it is a count of draft tokens per step (0: no speculative decoding)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"num_speculative_tokens must be an integer of at least 0 (0: no speculative decoding), "
+                          f"got {value!r}")
+    return value
+
+
+def adjust_capture_sizes_for_spec_decode(capture_sizes: tuple[int, ...], num_speculative_tokens: int
+                                         ) -> tuple[int, ...]:
+    """Capture sizes for speculative decoding, as vLLM adjusts them: each size rounded up to a multiple
+    of ``K + 1`` (a verification step has ``K + 1`` tokens per request, so only such sizes can be
+    uniform graphs), sizes above the largest given dropped; ``K + 1`` alone if nothing else is left.
+    """
+    multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
+    if multiple == 1 or not capture_sizes:
+        return tuple(capture_sizes)
+    largest = max(capture_sizes)
+    rounded = sorted({r for r in (-(-s // multiple) * multiple for s in capture_sizes) if r <= largest})
+    if not rounded and multiple <= largest:
+        rounded = [multiple]
+    if not rounded:
+        raise ConfigError(
+            f"no capture size is left after rounding to a multiple of {multiple} (num_speculative_tokens + 1, the "
+            f"tokens of one request's verification step): the largest capture size is {largest}; lower "
+            f"num_speculative_tokens to at most {largest - 1} or add a capture size of at least {multiple}")
+    return tuple(rounded)
+
+
 MAX_SEED = 2**32 - 1
 
 

@@ -213,18 +213,24 @@ class AttentionGroup:
     layer_names: list[str]
 
 
-def build_attn_groups(config: ToyConfig, device: torch.device,
-                      builders: dict[str, MetadataBuilder] | None = None) -> list[AttentionGroup]:
-    """One group per layer kind in the model; ``builders`` overrides a kind's builder (for experiments)."""
+def build_attn_groups(config: ToyConfig, device: torch.device, builders: dict[str, MetadataBuilder] | None = None,
+                      layers: Sequence[tuple[str, str]] | None = None) -> list[AttentionGroup]:
+    """One group per layer kind; ``builders`` overrides a kind's builder (for experiments).
+
+    ``layers``: ``(layer name, kind)`` pairs to group, by default the model's own. A speculative
+    drafter's layers join the target's groups: they share its block tables, so one build serves both
+    (vLLM keeps draft layers in the target's KV cache groups).
+    """
     factories = {
         "attn": lambda: AttentionMetadataBuilder(config),
         "sconv": lambda: ShortConvMetadataBuilder(config, device),
         "compressor": lambda: CompressorMetadataBuilder(config, device),
     }
     _check_builders(builders)
+    pairs = list(zip(config.layer_names, config.layers)) if layers is None else list(layers)
     groups = []
-    for kind in dict.fromkeys(config.layers):
-        names = [n for n, k in zip(config.layer_names, config.layers) if k == kind]
+    for kind in dict.fromkeys(k for _, k in pairs):
+        names = [n for n, k in pairs if k == kind]
         builder = (builders or {}).get(kind) or factories[kind]()
         groups.append(AttentionGroup(kind, builder, names))
     return groups

@@ -45,9 +45,11 @@ class ToyTransformer(nn.Module):
     models with the same config are identical: the basis of every replay-vs-eager comparison.
     """
 
-    def __init__(self, config: ToyConfig, device: str | torch.device = "cpu") -> None:
+    def __init__(self, config: ToyConfig, device: str | torch.device = "cpu", return_hidden_states: bool = False
+                 ) -> None:
         super().__init__()
         self.config = config
+        self.return_hidden_states = return_hidden_states
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -60,11 +62,19 @@ class ToyTransformer(nn.Module):
         self.to(device=device, dtype=getattr(torch, config.dtype))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits ``[num_tokens, vocab]``. Metadata comes from the forward context, not from arguments."""
+        """Logits ``[num_tokens, vocab]``. Metadata comes from the forward context, not from arguments.
+
+        With ``return_hidden_states`` each row is its logits followed by the last hidden state
+        ``[num_tokens, vocab + hidden]``, which an EAGLE-style drafter reads: one tensor, so a graph
+        still has one static output.
+        """
         hidden = self.embed_tokens(input_ids) + self.embed_positions(positions)
         for layer in self.layers:
             hidden = layer(hidden)
-        return self.lm_head(self.norm(hidden))
+        logits = self.lm_head(self.norm(hidden))
+        if self.return_hidden_states:
+            return torch.cat([logits, hidden], dim=-1)
+        return logits
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every cache and state tensor, keyed ``"layers.2.compressor.state_cache"``."""

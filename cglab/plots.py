@@ -1,22 +1,26 @@
-"""Figures of benchmark results (``cglab.bench``), matplotlib only, one question per Axes.
+"""Figures of benchmark results (``cglab.bench``) and of speculative decoding runs, matplotlib only,
+one question per Axes.
 
-Every title names the device the numbers come from; results of the CPU simulator also say, in the
-title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes one)
-and returns it, so notebooks can lay figures out as they like.
+Every benchmark title names the device the numbers come from; results of the CPU simulator also say,
+in the title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes
+one) and returns it, so notebooks can lay figures out as they like.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cglab.bench import BENCH_MODES, BenchResult
+from cglab.errors import ConfigError
+from cglab.repro import ReproResult
 
 __all__ = ["SIM_LABEL", "plot_kernel_floor", "plot_ladder", "plot_latency", "plot_overview",
-           "plot_piecewise_break_cost", "plot_speedup"]
+           "plot_piecewise_break_cost", "plot_speedup", "plot_tokens_per_step"]
 
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
 _STYLE = {mode: (BENCH_MODES[mode].label, color, marker) for mode, color, marker in (
@@ -76,7 +80,7 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
     if all(math.isnan(f) for floor in floors.values() for f in floor):
         return _missing(ax, result, title, "no kernel floor was recorded")
     what = "summed aten op CPU time, under the profiler" if result.backend == "sim" else "summed kernel time"
-    for mode in modes:
+    for offset, mode in zip((6, -12), modes):  # FULL's labels above its line, compiled FULL's below
         label, color, marker = _STYLE[mode]
         sizes, median = result.series(mode, "median_us")
         ax.plot(sizes, median, marker=marker, color=color, label=f"{label} replay (median)")
@@ -85,7 +89,7 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
         ax.plot(sizes, floors[mode], color=color, linestyle="--", marker=".", label=f"{label} kernel floor ({what})")
         for s, m, f in zip(sizes, median, floors[mode]):
             if not math.isnan(f) and f > 0:
-                ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, m), textcoords="offset points", xytext=(0, 6),
+                ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, m), textcoords="offset points", xytext=(0, offset),
                             ha="center", fontsize=7, color=color)
     _roofline(ax, result)
     ax.set_ylabel("µs per step (labels: replay over its floor)")
@@ -115,6 +119,8 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
     _roofline(ax, result)
     ax.set_xticks(list(x), [r["label"].replace(" ", "\n", 1) for r in rows], fontsize=8)
     ax.set_yscale("log")
+    tallest = max(r["median_us"] for r in rows)
+    ax.set_ylim(top=tallest * 6)  # room for the labels above the bars, and for the legend
     ax.set_ylabel("step latency, µs (median, log scale)")
     ax.grid(True, axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -162,6 +168,45 @@ def plot_overview(result: BenchResult) -> Figure:
         suptitle += f"\n{SIM_LABEL}"
     fig.suptitle(suptitle)
     return fig
+
+
+def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = None) -> Axes:
+    """Tokens a request gains per speculative step (its accepted drafts plus the target's own token),
+    one line per run, against the same drafter run eagerly (the reference) and the two bounds: 1
+    without speculation, ``K + 1`` when every draft is accepted.
+
+    A count, not a timing: it reads the same on the simulator and on a GPU.
+    """
+    if not results or any(not r.tokens_per_step for r in results.values()):
+        raise ConfigError("plot_tokens_per_step needs speculative decoding results: run_spec_repro(...) for each run")
+    ks = {r.num_speculative_tokens for r in results.values()}
+    if len(ks) != 1:
+        raise ConfigError(f"the runs have different numbers of speculative tokens ({sorted(ks)}); plot them apart")
+    (k,) = ks
+    ax = _axes(ax)
+    for label, result in results.items():
+        tokens = result.tokens_per_step
+        ax.plot(range(1, len(tokens) + 1), tokens, marker="o",
+                label=f"{label}: {_mean(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
+    # On top, dashed: a run that matches the eager drafter lies right under it.
+    reference = next(iter(results.values())).reference_tokens_per_step
+    ax.plot(range(1, len(reference) + 1), reference, color="black", linestyle="--", marker=".", zorder=3,
+            label=f"eager drafter (reference): {_mean(reference):.2f} tokens/step")
+    for bound, text in ((1, "1: no speculation"), (k + 1, f"{k + 1}: every draft accepted")):
+        ax.axhline(bound, color="gray", linewidth=1, linestyle=":")
+        ax.annotate(text, (len(reference), bound), textcoords="offset points", xytext=(0, 3), ha="right",
+                    fontsize=7, color="gray")
+    ax.set_ylim(0, k + 1.6)
+    ax.set_xlabel("speculative step")
+    ax.set_ylabel("tokens per request per step (mean over the batch)")
+    ax.set_title(f"Tokens per step, {k} speculative tokens, greedy verification", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    return ax
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 # ----------------------------------------------------------------------------------- helpers

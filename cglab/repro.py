@@ -14,6 +14,8 @@ import torch
 from cglab.config import (
     CUDAGraphMode,
     ToyConfig,
+    adjust_capture_sizes_for_spec_decode,
+    check_num_speculative_tokens,
     check_positive_int,
     check_seed,
     dummy_longest_request,
@@ -52,11 +54,21 @@ class ReproResult:
     step_modes: list[str] = field(default_factory=list)
     state_diffs: dict[str, float] = field(default_factory=dict)
     tolerance: float = 1e-4
+    # Speculative decoding (``cglab.spec_decode.run_spec_repro``); the two rates are in the contract.
+    num_speculative_tokens: int = 0
+    acceptance_rate: float | None = None  # accepted drafts / verified drafts, graph runner
+    reference_acceptance_rate: float | None = None  # the same drafter run eagerly
+    tokens_per_step: list[float] = field(default_factory=list)  # per step, mean over its requests
+    reference_tokens_per_step: list[float] = field(default_factory=list)
+    draft_steps_by_mode: dict[str, dict[str, int]] = field(default_factory=dict)  # {"prefill": {...}, "decode": {...}}
+    outputs_identical: bool | None = None  # generated tokens equal the eager run's, as far as both got
 
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's keys, in its order."""
         keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk",
                 "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error")
+        if self.num_speculative_tokens:
+            keys += ("acceptance_rate", "reference_acceptance_rate")
         data = asdict(self)
         return {k: data[k] for k in keys}
 
@@ -67,8 +79,17 @@ class ReproResult:
 
     @property
     def diverged(self) -> bool:
-        """Replay and eager disagree: in the logits of some step, or in some cache at the end."""
-        return bool(self.state_diverged) or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance)
+        """Replay and eager disagree: in the logits of some step, in some cache at the end or (speculative
+        decoding) in the generated tokens."""
+        return (bool(self.state_diverged) or self.outputs_identical is False
+                or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance))
+
+    @property
+    def lost_acceptance(self) -> bool:
+        """The graph runner's drafter accepted fewer drafts than the same drafter run eagerly: exact
+        outputs, lost speed."""
+        return (self.acceptance_rate is not None and self.reference_acceptance_rate is not None
+                and self.acceptance_rate < self.reference_acceptance_rate)
 
 
 def tolerance(dtype: str) -> float:
@@ -76,12 +97,36 @@ def tolerance(dtype: str) -> float:
     return 1e-4 if dtype == "float32" else 5e-2
 
 
-def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int], batch_sizes: Sequence[int], steps: int,
-                 seed: int = 0, strict_layers: bool = False, **overrides: Any) -> ToyConfig:
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8)
+
+
+def default_capture_sizes_for(num_speculative_tokens: int) -> tuple[int, ...]:
+    """Repro's default capture sizes: 1, 2, 4, 8, or with K speculative tokens ``K + 1`` times those
+    (a verification step holds ``K + 1`` tokens per request)."""
+    multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
+    sizes = tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES if multiple * s <= MAX_CAPTURE_SIZE)
+    if not sizes:
+        raise ConfigError(f"num_speculative_tokens {multiple - 1} is too large: one request's verification step "
+                          f"({multiple} tokens) is above the largest graph the toy captures ({MAX_CAPTURE_SIZE}); "
+                          "use fewer speculative tokens")
+    return sizes
+
+
+def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
+                 steps: int, seed: int = 0, strict_layers: bool = False, num_speculative_tokens: int = 0,
+                 **overrides: Any) -> ToyConfig:
     """A config sized for the scenario: the request pool holds the largest batch asked for, and the
-    caches hold every prompt plus every decode step."""
+    caches hold every prompt plus every decode step.
+
+    With ``num_speculative_tokens`` K a step may add ``K + 1`` tokens to a request, and the capture
+    sizes are rounded to multiples of ``K + 1``, as vLLM does (``None``: ``default_capture_sizes_for``).
+    """
+    k = check_num_speculative_tokens(num_speculative_tokens)
+    if capture_sizes is None:
+        capture_sizes = default_capture_sizes_for(k)
     _check_sizes("batch size", batch_sizes)
     _check_sizes("capture size", capture_sizes)
+    capture_sizes = adjust_capture_sizes_for_spec_decode(tuple(capture_sizes), k)
     check_seed(seed)
     _check_overrides(overrides)
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
@@ -91,14 +136,16 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int], batc
         raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; "
                           "use smaller batch sizes")
     block_size = check_positive_int("block_size", overrides.pop("block_size", 4))
-    max_model_len = _round_up(_MAX_PROMPT + steps, block_size)
+    # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
+    max_model_len = _round_up(_MAX_PROMPT + steps * (k + 1) + k, block_size)
     if pool * max_model_len > MAX_SLOTS:
         raise ConfigError(f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
-                          f"per layer, above the toy's {MAX_SLOTS}; use fewer steps or a smaller largest batch size")
+                          f"per layer, above the toy's {MAX_SLOTS}; use fewer steps"
+                          f"{', fewer speculative tokens' if k else ''} or a smaller largest batch size")
     _check_capture_fits(capture_sizes, pool, max_model_len)
     # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
     # capture size (vLLM never captures above its budget).
-    budget = max(128, pool + _MAX_PROMPT, *capture_sizes)
+    budget = max(128, pool + _MAX_PROMPT, pool * (k + 1), *capture_sizes)
     return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=pool,
                      max_model_len=max_model_len, block_size=block_size,
                      num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
@@ -192,13 +239,14 @@ def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], 
 def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool = False,
               piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
               layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
-              capture_sizes: Sequence[int] = (1, 2, 4, 8), batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
+              capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
               prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
               **config_overrides: Any) -> ReproResult:
     """Run the steps of ``schedule`` (eager prefill then decode, or chunked prefill mixed with
     decode) on a graph runner and on an eager reference. Compare every step's logits and, at the end,
     every cache.
 
+    ``capture_sizes=None`` captures 1, 2, 4 and 8 tokens.
     ``piecewise_flavor``, ``splitting_ops`` and ``uniform_decode_by_shape`` are ``ModelRunner``'s;
     ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
     cg_mode = CUDAGraphMode.parse(mode)

@@ -10,25 +10,19 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.capture import (
-    CaptureForward,
-    CudaGraphManager,
-    graph_reads,
-    prepare_inputs_to_capture,
-    prepare_inputs_to_capture_legacy,
-)
+from cglab.capture import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
 from cglab.config import CUDAGraphMode, ToyConfig, check_positive_int, parse_piecewise_flavor, resolve_splitting_ops
 from cglab.errors import CapacityError, ConfigError
 from cglab.forward_context import set_forward_context
-from cglab.graphs import get_backend
-from cglab.metadata import MetadataBuilder, build_attn_groups, prepare_attn
+from cglab.graphs import GraphBackend, get_backend
+from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, prepare_attn
 from cglab.model import ToyTransformer
 from cglab.requests import BlockPool, RequestState
 
@@ -77,7 +71,8 @@ class ModelRunner:
                  compile_backend: str = "auto", uniform_decode_by_shape: bool = False,
                  builders: dict[str, MetadataBuilder] | None = None,
                  progress: Callable[[BatchExecutionDescriptor], None] | None = None,
-                 check_addresses: bool | None = None) -> None:
+                 check_addresses: bool | None = None, decode_query_len: int = 1,
+                 draft_layers: Sequence[tuple[str, str]] = (), return_hidden_states: bool = False) -> None:
         """``legacy_skip_attn=True`` captures with the code from before vLLM PR #49364 (the bug).
 
         ``piecewise_flavor``: ``"compiled"`` (vLLM's default) runs the model through torch.compile,
@@ -94,12 +89,19 @@ class ModelRunner:
         ``check_addresses``: before every replay, check that each tensor the graph read at capture
         was written in place, not replaced (``AddressChangedError``). ``None``: on for the simulator,
         off for real CUDA graphs (where it would cost time in every measured step).
+
+        Speculative decoding (``cglab.spec_decode``) sets ``decode_query_len`` to ``K + 1``, the tokens
+        of one request's verification step (uniform-decode graphs are captured for that count), and
+        ``draft_layers`` to the drafter's ``(layer name, kind)`` pairs: they share this runner's block
+        tables, so every step's metadata covers them too, and the draft prefill reuses it;
+        ``return_hidden_states`` appends the model's last hidden states to every output row, for an
+        EAGLE-style drafter.
         """
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
                               "build one with ToyConfig(layers='sconv,attn', ...)")
-        for name, flag in (("legacy_skip_attn", legacy_skip_attn),
-                           ("uniform_decode_by_shape", uniform_decode_by_shape)):
+        for name, flag in (("legacy_skip_attn", legacy_skip_attn), ("uniform_decode_by_shape", uniform_decode_by_shape),
+                           ("return_hidden_states", return_hidden_states)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"{name} must be True or False, got {flag!r}")
         if not isinstance(check_addresses, (bool, type(None))):
@@ -107,6 +109,7 @@ class ModelRunner:
                               f"got {check_addresses!r}")
         if compile_backend not in ("auto", "eager", "inductor"):
             raise ConfigError(f"unknown compile_backend {compile_backend!r}; use 'auto', 'eager' or 'inductor'")
+        check_positive_int("decode_query_len", decode_query_len)
         self.config = config
         self.device = resolve_device(device)
         self.cudagraph_mode = CUDAGraphMode.parse(cudagraph_mode)
@@ -115,32 +118,38 @@ class ModelRunner:
         self.piecewise_flavor = parse_piecewise_flavor(piecewise_flavor)
         self.use_breakable_cg = self.piecewise_flavor == "breakable"
         self.splitting_ops = resolve_splitting_ops(splitting_ops, config.layers, self.piecewise_flavor)
-        self.model = ToyTransformer(config, self.device)
+        self.model = ToyTransformer(config, self.device, return_hidden_states=return_hidden_states)
         # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
         self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
         self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device)
         self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
                                         config.max_num_tokens, self.device)
-        self.attn_groups = build_attn_groups(config, self.device, builders)
-        self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, config.capture_sizes, config.max_num_reqs)
+        self.attn_groups = build_attn_groups(config, self.device, builders,
+                                             [*zip(config.layer_names, config.layers), *draft_layers])
+        self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, config.capture_sizes, config.max_num_reqs,
+                                              decode_query_len)
         self.block_pool = BlockPool(config.num_blocks)
         self.requests: dict[str, RequestState] = {}
         self.cudagraph_manager: CudaGraphManager | None = None
+        # Resolved once here; a speculative drafter captures with the same backend and settings.
+        self.graph_backend: GraphBackend | None = None
+        if compile_backend == "auto":
+            compile_backend = "inductor" if self.device.type == "cuda" else "eager"
+        self.compile_backend = compile_backend
+        self.check_addresses = bool(check_addresses)
         if self.cudagraph_mode is not CUDAGraphMode.NONE:
             if backend == "auto":
                 backend = "cuda" if self.device.type == "cuda" else "sim"
-            graph_backend = get_backend(backend, self.device)
+            graph_backend = self.graph_backend = get_backend(backend, self.device)
             if check_addresses is None:
-                check_addresses = graph_backend.name == "sim"
+                self.check_addresses = graph_backend.name == "sim"
             compiled = None
             if not self.use_breakable_cg:
-                if compile_backend == "auto":
-                    compile_backend = "inductor" if self.device.type == "cuda" else "eager"
                 piecewise = CUDAGraphMode.PIECEWISE in self.cudagraph_mode.runtime_modes()
                 compiled = CglabBackend(graph_backend, self.splitting_ops, piecewise=piecewise,
-                                        compiler=compile_backend, check_addresses=check_addresses)
+                                        compiler=self.compile_backend, check_addresses=self.check_addresses)
                 self.forward_model = CompiledModel(self.model, compiled)
-            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, check_addresses, compiled)
+            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, self.check_addresses, compiled)
             with torch.inference_mode():
                 self.cudagraph_manager.capture(self.create_forward_fn, progress)
 
@@ -153,15 +162,9 @@ class ModelRunner:
         """Prepare ``desc``'s dummy inputs and metadata; return the forward the manager captures."""
         num_tokens = desc.num_tokens
         num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
-        args = (num_reqs, num_tokens, self.input_buffers, self.block_tables, self.attn_groups)
-        piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
-        if self.legacy_skip_attn:  # the old, buggy path: compiled PIECEWISE capture built no metadata
-            attn_metadata, _ = prepare_inputs_to_capture_legacy(
-                *args, skip_attn=piecewise and not self.use_breakable_cg)
-            if piecewise:  # the assert that stood in vLLM's capture code before the fix
-                assert (attn_metadata is not None) == self.use_breakable_cg
-        else:
-            attn_metadata, _ = prepare_inputs_to_capture(*args, full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)
+        attn_metadata = prepare_capture_metadata(desc, num_reqs, self.input_buffers, self.block_tables,
+                                                 self.attn_groups, legacy_skip_attn=self.legacy_skip_attn,
+                                                 use_breakable_cg=self.use_breakable_cg)
         input_ids = self.input_buffers.input_ids[:num_tokens]
         positions = self.input_buffers.positions[:num_tokens]
 
@@ -181,13 +184,7 @@ class ModelRunner:
 
     def _source(self, name: str) -> str:
         """Who produced the tensor called ``name``, for error messages."""
-        if name in self.state_tensors():
-            return " (a cache of the model)"
-        layer = name.rpartition(".")[0]
-        for group in self.attn_groups:
-            if layer in group.layer_names:
-                return f" (returned by {type(group.builder).__name__}.build())"
-        return " (ModelRunner.input_buffers)"
+        return tensor_source(name, self.attn_groups, self.state_tensors(), " (ModelRunner.input_buffers)")
 
     # ------------------------------------------------------------ requests
     def add_request(self, req_id: str, num_prompt_tokens: int | None = None) -> None:
@@ -225,7 +222,7 @@ class ModelRunner:
         query_lens = [len(t) for t in new_tokens]
         seq_lens = [r.num_computed_tokens + q for r, q in zip(reqs, query_lens)]
         for r, s in zip(reqs, seq_lens):
-            self._reserve_blocks(r, s)
+            self.reserve_blocks(r, s)
         num_reqs, num_tokens = len(reqs), sum(query_lens)
         desc = (BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs) if eager
                 else self.dispatcher.dispatch(num_reqs, num_tokens, self._uniform_token_count(reqs, query_lens)))
@@ -233,15 +230,9 @@ class ModelRunner:
         num_tokens_padded = desc.num_tokens if graph else num_tokens
         num_reqs_padded = (desc.num_reqs or num_reqs) if graph else num_reqs
 
-        # Everything below writes in place into storage the graphs captured.
-        input_batch = InputBatch.prepare(query_lens, seq_lens, [t for ts in new_tokens for t in ts],
-                                         self.input_buffers, num_tokens_padded, num_reqs_padded)
-        block_table = self.block_tables.write_block_tables([r.block_ids for r in reqs], num_reqs_padded)
-        bs = self.config.block_size
-        slots = [r.slot(p, bs)
-                 for r, q, s in zip(reqs, query_lens, seq_lens) for p in range(s - q, s)]
-        slot_mapping = self.block_tables.write_slot_mappings(slots, num_tokens_padded)
-        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, self.attn_groups, for_capture=False)
+        input_batch, attn_metadata = prepare_inputs(reqs, query_lens, seq_lens, [t for ts in new_tokens for t in ts],
+                                                    self.input_buffers, self.block_tables, self.attn_groups,
+                                                    num_tokens_padded, num_reqs_padded)
         return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
 
     def _uniform_token_count(self, reqs: Sequence[RequestState], query_lens: Sequence[int]) -> int | None:
@@ -274,7 +265,7 @@ class ModelRunner:
         reqs, tokens = [], []
         for req_id, ids in scheduled.items():
             reqs.append(self._request(req_id))
-            ids = _token_ids(req_id, ids)
+            ids = parse_token_ids(req_id, ids)
             if not ids:
                 raise ConfigError(f"request {req_id!r} has no new tokens in this step; give at least one")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
@@ -289,7 +280,8 @@ class ModelRunner:
                                 "or raise ToyConfig.max_num_batched_tokens")
         return reqs, tokens
 
-    def _reserve_blocks(self, request: RequestState, seq_len: int) -> None:
+    def reserve_blocks(self, request: RequestState, seq_len: int) -> None:
+        """Give ``request`` the blocks to hold ``seq_len`` tokens (a drafter reserves ahead of its drafts)."""
         if seq_len > self.config.max_model_len:
             raise CapacityError(f"request {request.req_id!r} would reach {seq_len} tokens, but max_model_len is "
                                 f"{self.config.max_model_len}; raise ToyConfig.max_model_len or stop it sooner")
@@ -307,7 +299,22 @@ class ModelRunner:
             self.cudagraph_manager.reset()
 
 
-def _token_ids(req_id: str, ids: object) -> list[int]:
+def prepare_inputs(requests: Sequence[RequestState], query_lens: Sequence[int], seq_lens: Sequence[int],
+                   input_ids: Sequence[int] | None, input_buffers: InputBuffers, block_tables: BlockTables,
+                   attn_groups: Sequence[AttentionGroup], num_tokens_padded: int,
+                   num_reqs_padded: int) -> tuple[InputBatch, dict[str, Any]]:
+    """Write one batch, padded, in place into storage the graphs captured (inputs, block table, slot
+    mapping), then build every layer's metadata into the builders' buffers."""
+    input_batch = InputBatch.prepare(query_lens, seq_lens, input_ids, input_buffers, num_tokens_padded,
+                                     num_reqs_padded)
+    block_table = block_tables.write_block_tables([r.block_ids for r in requests], num_reqs_padded)
+    bs = block_tables.block_size
+    slots = [r.slot(p, bs) for r, q, s in zip(requests, query_lens, seq_lens) for p in range(s - q, s)]
+    slot_mapping = block_tables.write_slot_mappings(slots, num_tokens_padded)
+    return input_batch, prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=False)
+
+
+def parse_token_ids(req_id: str, ids: object) -> list[int]:
     """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
     if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
         raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "
@@ -325,7 +332,12 @@ def _token_ids(req_id: str, ids: object) -> list[int]:
     raise ConfigError(f"token ids of request {req_id!r} must be integers, got {values!r}")
 
 
-def state_differences(runner: ModelRunner, reference: ModelRunner) -> dict[str, float]:
-    """Largest absolute difference of every cache and state tensor between two runners."""
+class HasState(Protocol):
+    def state_tensors(self) -> dict[str, torch.Tensor]: ...
+
+
+def state_differences(runner: HasState, reference: HasState) -> dict[str, float]:
+    """Largest absolute difference of every cache and state tensor between two runners (``ModelRunner``
+    or ``SpecDecodeRunner``)."""
     ref = reference.state_tensors()
     return {name: (t.float() - ref[name].float()).abs().max().item() for name, t in runner.state_tensors().items()}

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 
 def test_every_row_kind_runs_and_is_counted_by_the_profiler() -> None:
-    config = BenchConfig.quick_preset(device="cuda", batch_sizes=(1, 4), repeats=10, warmup=5, profile_steps=2)
+    config = BenchConfig.quick_preset(device="cuda", batch_sizes=(1, 4), repeats=10, warmup=5, profile_steps=3)
     result = run_bench(config, progress=False)
     assert result.modes == ["none", "piecewise", "full", "compiled_piecewise", "compiled_full", "reduce_overhead"]
     at_1 = {r["mode"]: r for r in result.rows if r["batch_size"] == 1}

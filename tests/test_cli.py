@@ -44,3 +44,38 @@ def test_strict_layers_error_fails_check_and_modes_ignore_case(capsys: pytest.Ca
     assert main(["repro", "--legacy-skip-attn", "--strict-layers", "--steps", "2", "--check"]) == 1
     assert "ERROR: MissingMetadataError" in capsys.readouterr().out
     assert _repro_json(capsys, "--mode", "PIECEWISE")["mode"] == "piecewise"
+
+
+def test_repro_json_with_speculative_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    """The two acceptance keys come last; --check passes the fixed drafter and fails the legacy one, whose
+    target outputs are exact (an attention-only target) but whose acceptance fell below the eager drafter's."""
+    argv = ["repro", "--json", "--check", "--steps", "4", "--batch-sizes", "1,2", "--layers", "attn,attn",
+            "--num-speculative-tokens", "2", "--seed", "5"]
+    assert main(argv) == 0
+    fixed = json.loads(capsys.readouterr().out)
+    assert list(fixed) == [*KEYS, "acceptance_rate", "reference_acceptance_rate"]
+    assert fixed["captured_sizes"] == {"piecewise": [3, 6, 12, 24]}  # K + 1 times 1, 2, 4, 8
+    assert fixed["acceptance_rate"] == fixed["reference_acceptance_rate"] and fixed["state_diverged"] is False
+    assert main([*argv, "--legacy-skip-attn"]) == 1
+    legacy = json.loads(capsys.readouterr().out)
+    assert legacy["max_abs_diff"] < 1e-4 and legacy["error"] is None
+    assert legacy["reference_acceptance_rate"] == fixed["reference_acceptance_rate"]
+    assert legacy["acceptance_rate"] < legacy["reference_acceptance_rate"]
+    assert legacy["state_diverged"] is True  # the drafter's own caches
+
+
+@pytest.mark.parametrize(("argv", "fix"), [
+    (["--num-speculative-tokens", "-1"], "at least 0"),
+    (["--num-speculative-tokens", "8", "--capture-sizes", "1,2,4,8"], "lower num_speculative_tokens to at most 7"),
+    (["--num-speculative-tokens", "2000"], "use fewer speculative tokens"),
+    (["--num-speculative-tokens", "1000", "--capture-sizes", "1024", "--batch-sizes", "256", "--steps", "10"],
+     "fewer speculative tokens"),
+    (["--frozen-step-index"], "add --num-speculative-tokens"),
+    (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
+], ids=["negative", "beyond-capture-sizes", "beyond-every-graph", "beyond-the-caches", "drafter-option-alone",
+        "with-chunked-prefill"])
+def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                         fix: str) -> None:
+    assert main(["repro", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and fix in err, err

@@ -54,15 +54,17 @@ class CompiledModel:
         self._compiled = torch.compile(fresh_forward(model), backend=backend, fullgraph=True, dynamic=False,
                                        options={"guard_filter_fn": lambda guards: [False for _ in guards]})
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Run the model on ``inputs`` (token ids, positions and, for a drafter, hidden states), each
+        with the token count as its first dimension."""
         if self.backend.num_compiles:
-            return self._compiled(input_ids, positions)
-        torch._dynamo.mark_dynamic(input_ids, 0)
-        torch._dynamo.mark_dynamic(positions, 0)
+            return self._compiled(*inputs)
+        for tensor in inputs:
+            torch._dynamo.mark_dynamic(tensor, 0)
         start = time.perf_counter()
         try:
             with _size_oblivious():
-                out = self._compiled(input_ids, positions)
+                out = self._compiled(*inputs)
         except torch._dynamo.exc.TorchDynamoException as exc:
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise CaptureError(

@@ -1,0 +1,75 @@
+"""Capturing the drafter's graphs (vLLM: ``spec_decode/autoregressive/cudagraph_utils.py``).
+
+The drafter has two graph sets, one ``SpeculatorCudaGraphManager`` each:
+
+* **draft prefill** (a step's first draft, over the target's whole batch): graphs in the target's
+  mode, with ``uniform_token_count = K + 1`` for a verification batch. At run time the draft prefill
+  reuses the target's metadata, so its capture builds dummy metadata through the target's builders
+  and buffers.
+* **draft decode** (the other drafts, one token per request): FULL uniform-decode graphs where the
+  target's policy decodes in FULL, otherwise none (PIECEWISE graphs are not supported for draft decode).
+
+Both prepare fresh dummy inputs and metadata for warmup and again for capture (vLLM #44253: metadata
+left by an earlier pass ran kernels on stale buffer contents), through ``prepare_capture_metadata``,
+the very call the target's capture makes. So the legacy ``skip_attn`` switch reaches the drafter as it
+did upstream: compiled PIECEWISE draft prefill captured without metadata, while the FULL-only draft
+decode always got capture metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from cglab.batch import BatchExecutionDescriptor
+from cglab.buffers import BlockTables, InputBuffers
+from cglab.capture import CaptureForward, CudaGraphManager, prepare_capture_metadata
+from cglab.config import CUDAGraphMode
+from cglab.forward_context import set_forward_context
+from cglab.metadata import AttentionGroup
+
+# What a captured drafter routine is: run it for a descriptor and the requests its dummy batch holds.
+DraftRoutine = Callable[[BatchExecutionDescriptor, int], torch.Tensor]
+
+
+def draft_decode_mode(cudagraph_mode: CUDAGraphMode) -> CUDAGraphMode:
+    """The policy of the draft decode graphs: FULL uniform decode where the target decodes in FULL,
+    else eager (a PIECEWISE draft decode is not supported)."""
+    if cudagraph_mode.decode_mode() is CUDAGraphMode.FULL:
+        return CUDAGraphMode.FULL_DECODE_ONLY
+    return CUDAGraphMode.NONE
+
+
+class SpeculatorCudaGraphManager(CudaGraphManager):
+    """A ``CudaGraphManager`` for one drafter graph set: it captures a drafter routine instead of the
+    target's forward, with dummy metadata built through the buffers and builders it is given."""
+
+    def capture_routine(self, routine: DraftRoutine, input_buffers: InputBuffers, block_tables: BlockTables,
+                        attn_groups: Sequence[AttentionGroup], *,
+                        reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
+                        legacy_skip_attn: bool, use_breakable_cg: bool) -> None:
+        """Capture ``routine`` for every descriptor of this manager's dispatcher.
+
+        ``reads(metadata)``: what the routine reads from outside its graph, checked before each replay.
+        """
+        max_num_reqs = self.dispatcher.max_num_reqs
+
+        def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
+            num_reqs = desc.num_reqs or min(desc.num_tokens, max_num_reqs)
+            attn_metadata = prepare_capture_metadata(desc, num_reqs, input_buffers, block_tables, attn_groups,
+                                                     legacy_skip_attn=legacy_skip_attn,
+                                                     use_breakable_cg=use_breakable_cg)
+
+            def call() -> torch.Tensor:
+                return routine(desc, num_reqs)
+
+            def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
+                with set_forward_context(attn_metadata, cg_mode, desc):
+                    return call()
+
+            return CaptureForward(forward, reads(attn_metadata), call)
+
+        with torch.inference_mode():
+            self.capture(create_forward_fn)

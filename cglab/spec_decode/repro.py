@@ -1,0 +1,138 @@
+"""Speculative decoding end to end: what ``python -m cglab repro --num-speculative-tokens K`` runs.
+
+Three engines on identical weights and prompts:
+
+* the **graph runner**: target and drafter with graphs, in the mode and flavor asked for;
+* an eager **shadow** that verifies exactly the drafts the graph runner proposed, so every target
+  step can be compared with eager logits, and every cache (the drafter's too) at the end;
+* an eager **reference** that runs the same drafter on its own: its acceptance rate is what the graph
+  runner's should be, and its generated tokens are what greedy decoding of the target gives.
+
+Greedy verification keeps a broken drafter's outputs exact: it shows up only as a lower acceptance
+rate than the reference, fewer tokens per step, a silent loss of speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cglab.config import CUDAGraphMode, check_num_speculative_tokens, parse_piecewise_flavor, resolve_splitting_ops
+from cglab.errors import CglabError, ConfigError
+from cglab.repro import ReproResult, make_workload, repro_config, tolerance
+from cglab.runner import state_differences
+from cglab.spec_decode.draft_model import draft_layer_pairs
+from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput
+
+
+def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_tokens: int = 2,
+                   legacy_skip_attn: bool = False, piecewise_flavor: str = "compiled",
+                   splitting_ops: Sequence[str] | None = None,
+                   layers: str | Sequence[str] = "sconv,attn,compressor,attn",
+                   draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS, strict_layers: bool = False,
+                   capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
+                   frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,
+                   device: str = "cpu", **config_overrides: Any) -> ReproResult:
+    """Prefill every prompt eagerly (one request a step), then run ``steps`` speculative steps; step
+    ``i`` serves the first ``batch_sizes[i % len(batch_sizes)]`` requests.
+
+    ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8; given sizes are rounded to multiples of
+    ``K + 1``. ``draft_layers``: the drafter's decoder layers after its fusion conv.
+    ``frozen_step_index``: the draft step index as a Python int (vLLM #48892). The rest as ``run_repro``.
+    """
+    cg_mode = CUDAGraphMode.parse(mode)
+    flavor = parse_piecewise_flavor(piecewise_flavor)
+    k = check_num_speculative_tokens(num_speculative_tokens)
+    if k == 0:
+        raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
+    config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, num_speculative_tokens=k,
+                          **config_overrides)
+    resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before anything is built
+    draft_layer_pairs(draft_layers)
+    result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, 0, {},
+                         None, None, None, tolerance=tolerance(config.dtype), num_speculative_tokens=k)
+    common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
+    shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
+    try:
+        runner = SpecDecodeRunner(config, cg_mode, legacy_skip_attn=legacy_skip_attn, piecewise_flavor=flavor,
+                                  splitting_ops=splitting_ops, frozen_step_index=frozen_step_index,
+                                  uniform_decode_by_shape=uniform_decode_by_shape, **common)
+    except CglabError as exc:  # a strict layer refusing to capture is a finding, not a crash
+        result.error = f"{type(exc).__name__}: {exc}"
+        if cg_mode is not CUDAGraphMode.NONE:
+            result.backend = "cuda" if shadow.target.device.type == "cuda" else "sim"
+        return result
+    result.backend = runner.backend_name
+    if runner.target.cudagraph_manager is not None:
+        result.captured_sizes = {m.value: s for m, s in runner.target.cudagraph_manager.captured_sizes.items()}
+    prompts, _ = make_workload(config, steps)
+    engines = (runner, shadow, reference)
+    counts = {"runner": [0, 0], "reference": [0, 0]}  # accepted, verified
+    try:
+        for i, prompt in enumerate(prompts):
+            for engine in engines:
+                engine.add_request(f"req{i}", prompt)
+                engine.step([f"req{i}"], eager=True)
+        for step in range(steps):
+            req_ids = [f"req{i}" for i in range(batch_sizes[step % len(batch_sizes)])]
+            proposed = {r: runner.drafts[r] for r in req_ids}
+            out = runner.step(req_ids)
+            eager = shadow.step(req_ids, drafts=proposed)
+            ref = reference.step(req_ids)
+            result.step_diffs.append((out.logits.float() - eager.logits.float()).abs().max().item())
+            result.step_modes.append(str(out.descriptor))
+            _count(result.steps_by_mode, out.descriptor.cg_mode.value)
+            _count(result.draft_steps_by_mode.setdefault("prefill", {}), out.draft_prefill.cg_mode.value)
+            for desc in out.draft_decode:
+                _count(result.draft_steps_by_mode.setdefault("decode", {}), desc.cg_mode.value)
+            for name, output, per_step in (("runner", out, result.tokens_per_step),
+                                           ("reference", ref, result.reference_tokens_per_step)):
+                counts[name][0] += sum(output.num_accepted)
+                counts[name][1] += sum(output.num_drafts)
+                per_step.append(_tokens_per_request(output))
+    except CglabError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        runner.close()
+    result.max_abs_diff = max(result.step_diffs) if result.step_diffs else None
+    result.state_diffs = state_differences(runner, shadow)
+    result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
+    if counts["runner"][1]:
+        result.acceptance_rate = counts["runner"][0] / counts["runner"][1]
+        result.reference_acceptance_rate = counts["reference"][0] / counts["reference"][1]
+    result.outputs_identical = all(_agree(runner.outputs[r], reference.outputs[r]) for r in runner.outputs)
+    return result
+
+
+def summarize_spec(result: ReproResult) -> str:
+    """What a speculative run did, in two lines: acceptance against the eager drafter, and whether the
+    outputs stayed exact (and which caches diverged, if any)."""
+    if result.acceptance_rate is None or result.reference_acceptance_rate is None:
+        return f"no speculative step completed ({result.error or 'no drafts were verified'})"
+    if not result.outputs_identical:
+        verdict = "the generated tokens differ too: the target itself is broken"
+    elif result.lost_acceptance:
+        verdict = "LOWER than the eager drafter's: outputs exact, speed silently lost"
+    else:
+        verdict = "as the eager drafter's"
+    tokens, reference = (sum(t) / len(t) for t in (result.tokens_per_step, result.reference_tokens_per_step))
+    diverged = [name for name, d in result.state_diffs.items() if d > result.tolerance]
+    return (f"acceptance rate {result.acceptance_rate:.3f} (eager drafter {result.reference_acceptance_rate:.3f}), "
+            f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
+            f"generated tokens identical to the eager run: {result.outputs_identical}; "
+            f"caches that diverged: {', '.join(diverged) or 'none'}")
+
+
+def _count(counter: dict[str, int], key: str) -> None:
+    counter[key] = counter.get(key, 0) + 1
+
+
+def _tokens_per_request(output: SpecStepOutput) -> float:
+    """Tokens a request gained in the step, on average: accepted drafts plus the target's own."""
+    return sum(map(len, output.new_tokens)) / len(output.new_tokens)
+
+
+def _agree(tokens: Sequence[int], reference: Sequence[int]) -> bool:
+    """Whether two generations agree as far as both got (the slower one stops earlier)."""
+    n = min(len(tokens), len(reference))
+    return list(tokens[:n]) == list(reference[:n])

@@ -1,0 +1,154 @@
+"""``SpecDecodeRunner``: a target ``ModelRunner`` plus its drafter, one speculative step at a time.
+
+vLLM: the model runner with a speculator and a rejection sampler (``gpu/model_runner.py``). A step
+verifies, for every scheduled request, its last token and the K drafts proposed at the previous step,
+in one target forward of ``K + 1`` tokens per request; keeps the accepted drafts and the target's next
+token; then asks the drafter for K new drafts. A request's first step carries its prompt instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cglab.batch import BatchExecutionDescriptor
+from cglab.config import (
+    CUDAGraphMode,
+    ToyConfig,
+    adjust_capture_sizes_for_spec_decode,
+    check_num_speculative_tokens,
+    check_seed,
+)
+from cglab.errors import ConfigError
+from cglab.runner import ModelRunner, parse_token_ids
+from cglab.spec_decode.draft_model import draft_layer_pairs
+from cglab.spec_decode.rejection_sampler import greedy_verify
+from cglab.spec_decode.speculator import AutoRegressiveSpeculator
+
+DEFAULT_DRAFT_LAYERS = "attn"  # after the fusion conv: the drafter is sconv (fusion), attn
+
+
+@dataclass
+class SpecStepOutput:
+    logits: torch.Tensor  # the target's [num_tokens, vocab] (a copy)
+    descriptor: BatchExecutionDescriptor  # how the target step ran
+    num_drafts: list[int]  # drafts verified per request (0 in a request's prompt step)
+    num_accepted: list[int]
+    new_tokens: list[list[int]]  # what each request gained: its accepted drafts, then the target's next token
+    draft_prefill: BatchExecutionDescriptor  # how the drafter's phases ran
+    draft_decode: list[BatchExecutionDescriptor]
+
+
+class SpecDecodeRunner:
+    """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification.
+
+    ``config``'s capture sizes are rounded to multiples of ``K + 1`` first (as vLLM does); the other
+    keyword arguments go to the target ``ModelRunner`` (``device``, ``legacy_skip_attn``,
+    ``piecewise_flavor``...), and the drafter captures with the same settings.
+    ``draft_seed``: the draft layers' weights (default: the config's seed plus one).
+    ``frozen_step_index``: reproduce vLLM #48892 (see ``AutoRegressiveSpeculator``).
+    """
+
+    def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
+                 num_speculative_tokens: int, draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
+                 draft_seed: int | None = None, frozen_step_index: bool = False, **runner_kwargs: Any) -> None:
+        if not isinstance(config, ToyConfig):
+            raise ConfigError(f"SpecDecodeRunner needs a ToyConfig, got {type(config).__name__}")
+        k = check_num_speculative_tokens(num_speculative_tokens)
+        if k == 0:
+            raise ConfigError("num_speculative_tokens is 0: there is nothing to draft; use ModelRunner")
+        # A request holds at least one prompt token, then K + 1 tokens are verified at a time.
+        if k + 2 > config.max_model_len or k + 1 > config.max_num_batched_tokens:
+            raise ConfigError(f"num_speculative_tokens {k} does not fit: a verification step writes {k + 1} tokens "
+                              f"per request after its prompt, but max_model_len is {config.max_model_len} and "
+                              f"max_num_batched_tokens {config.max_num_batched_tokens}; use fewer speculative tokens")
+        if not isinstance(frozen_step_index, bool):
+            raise ConfigError(f"frozen_step_index must be True or False, got {frozen_step_index!r}")
+        pairs = draft_layer_pairs(draft_layers)
+        config = dataclasses.replace(config, capture_sizes=adjust_capture_sizes_for_spec_decode(
+            config.capture_sizes, k))
+        self.config = config
+        self.num_speculative_tokens = k
+        self.target = ModelRunner(config, cudagraph_mode, decode_query_len=k + 1, draft_layers=pairs,
+                                  return_hidden_states=True, **runner_kwargs)
+        seed = config.seed + 1 if draft_seed is None else check_seed(draft_seed)
+        self.speculator = AutoRegressiveSpeculator(self.target, k, draft_layers, seed=seed,
+                                                   frozen_step_index=frozen_step_index)
+        self.prompts: dict[str, list[int]] = {}
+        self.next_token: dict[str, int] = {}  # each request's latest token, not yet run through the target
+        self.drafts: dict[str, list[int]] = {}  # the drafter's proposals for the tokens after it
+        self.outputs: dict[str, list[int]] = {}  # every token a request generated, in order
+
+    @property
+    def backend_name(self) -> str:
+        return self.target.backend_name
+
+    def add_request(self, req_id: str, prompt: Sequence[int]) -> None:
+        """Admit a request; its first step carries the whole prompt."""
+        tokens = parse_token_ids(req_id, prompt)
+        if not tokens:
+            raise ConfigError(f"request {req_id!r} needs a prompt of at least one token")
+        self.target.add_request(req_id, num_prompt_tokens=len(tokens))
+        self.prompts[req_id] = tokens
+        self.outputs[req_id] = []
+
+    def step(self, req_ids: Sequence[str], eager: bool = False,
+             drafts: Mapping[str, Sequence[int]] | None = None) -> SpecStepOutput:
+        """One step for ``req_ids``: verify their drafts (or run their prompts), then draft again.
+
+        ``drafts`` replaces the runner's own proposals for the requests it names: an eager reference
+        verifies exactly what a graph runner proposed, so the two target steps can be compared.
+        ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode
+        dispatches as usual).
+        """
+        if len(set(req_ids)) != len(req_ids):
+            raise ConfigError(f"a step schedules each request once; {list(req_ids)} names one more than once")
+        tokens, num_drafts = [], []
+        for req_id in req_ids:
+            if req_id in self.next_token:
+                proposal = list((drafts or {}).get(req_id, self.drafts[req_id]))
+                tokens.append([self.next_token[req_id], *proposal])
+                num_drafts.append(len(proposal))
+            else:
+                tokens.append(self.prompts.get(req_id, []))
+                num_drafts.append(0)
+        prepared = self.target.prepare_step(dict(zip(req_ids, tokens)), eager)
+        output = self.target.execute(prepared)  # rows: logits, then the hidden state the drafter reads
+        logits = output[: prepared.num_tokens, : self.config.vocab_size].clone()
+        accepted, next_tokens = greedy_verify(logits, tokens, num_drafts)
+        num_valid = [len(t) - d + a for t, d, a in zip(tokens, num_drafts, accepted)]
+        new_tokens = []
+        for req_id, request, seq_len, toks, drafted, valid, nxt in zip(
+                req_ids, prepared.requests, prepared.seq_lens, tokens, num_drafts, num_valid, next_tokens):
+            # Only the verified tokens count as computed: the rejected drafts' cache rows are
+            # rewritten by the next step, which starts right after the last verified token.
+            request.num_computed_tokens = seq_len - len(toks) + valid
+            new_tokens.append([*toks[len(toks) - drafted:valid], nxt])
+            self.outputs[req_id] += new_tokens[-1]
+            self.next_token[req_id] = nxt
+        proposals, prefill, decodes = self.speculator.propose(prepared, output, tokens, num_valid, next_tokens)
+        for req_id, proposal in zip(req_ids, proposals):
+            self.drafts[req_id] = proposal
+        return SpecStepOutput(logits, prepared.descriptor, num_drafts, accepted, new_tokens, prefill, decodes)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The target's caches, then the drafter's."""
+        return {**self.target.state_tensors(), **self.speculator.state_tensors()}
+
+    def close(self) -> None:
+        self.speculator.close()
+        self.target.close()
+
+
+def greedy_decode(runner: ModelRunner, req_id: str, prompt: Sequence[int], num_tokens: int) -> list[int]:
+    """Plain greedy decoding on ``runner``, one token a step: the tokens speculative decoding with greedy
+    verification must reproduce exactly."""
+    runner.add_request(req_id)
+    tokens = [int(runner.step({req_id: list(prompt)}).logits[-1].argmax())]
+    while len(tokens) < num_tokens:
+        tokens.append(int(runner.step({req_id: tokens[-1:]}).logits[-1].argmax()))
+    return tokens
