@@ -10,10 +10,10 @@ The drafter has two graph sets, one ``SpeculatorCudaGraphManager`` each:
   target's policy decodes in FULL, otherwise none (PIECEWISE graphs are not supported for draft decode).
 
 Both prepare fresh dummy inputs and metadata for warmup and again for capture (vLLM #44253: metadata
-left by an earlier pass ran kernels on stale buffer contents), through ``prepare_capture_metadata``,
-the very call the target's capture makes. So the legacy ``skip_attn`` switch reaches the drafter as it
-did upstream: compiled PIECEWISE draft prefill captured without metadata, while the FULL-only draft
-decode always got capture metadata.
+the warmup had initialised let the capture skip the kernels that initialise it), through
+``prepare_capture_metadata``, the very call the target's capture makes. So the legacy ``skip_attn``
+switch reaches the drafter as it did upstream: compiled PIECEWISE draft prefill captured without
+metadata, while the FULL-only draft decode always got capture metadata.
 """
 
 from __future__ import annotations
