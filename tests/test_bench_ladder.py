@@ -171,3 +171,38 @@ def test_the_peer_is_built_and_recorded_before_any_engine_captures() -> None:
     assert build_order(("none", "piecewise", "full", "compiled_full", "reduce_overhead")) == [
         "reduce_overhead", "none", "piecewise", "full", "compiled_full"]
     assert build_order(("none", "full")) == ["none", "full"]
+
+
+def test_every_row_is_checked_against_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row whose logits differ from eager's by 0.5 somewhere reports 0.5; eager against itself 0."""
+    from cglab.bench import run as run_module
+
+    logits = torch.arange(12.0).view(4, 3)
+
+    class FakeRunner:
+        def __init__(self, shift: float) -> None:
+            self.shift = shift
+
+        def execute(self, batch_size: int) -> torch.Tensor:
+            out = logits.clone()
+            out[batch_size - 1, 1] += self.shift  # inside the real rows: counted
+            out[3, 0] += 100.0  # a padded row beyond every batch size checked: ignored
+            return out
+
+    monkeypatch.setattr(run_module, "_prepare", lambda runner, mode, batch_size, decode: batch_size)
+    runners = {"none": FakeRunner(0.0), "full": FakeRunner(0.5), "compiled_full": FakeRunner(-0.25)}
+    assert run_module._check_outputs(runners, (1, 2), []) == {"none": 0.0, "full": 0.5, "compiled_full": 0.25}
+
+
+def test_uncounted_launches_round_trip_as_nan(tmp_path: Any) -> None:
+    """The peer's structure is torch's: its structural counts are nan on disk and back, not 0."""
+    from cglab.bench import load_results, save_results
+
+    row = {"mode": "reduce_overhead", "batch_size": 1, "median_us": 5.0, "p10_us": 4.0, "p90_us": 6.0,
+           "kernel_floor_us": float("nan"), "launches": float("nan"), "backend": "cuda",
+           "counted_launches": float("nan"), "graph_segments": float("nan")}
+    save_results(BenchResult([row], {"backend": "cuda"}, {"modes": ["reduce_overhead"], "batch_sizes": [1]}),
+                 tmp_path / "run")
+    loaded = load_results(tmp_path / "run").rows[0]
+    assert all(loaded[c] != loaded[c] for c in ("launches", "counted_launches", "graph_segments"))  # nan
+    assert loaded["median_us"] == 5.0

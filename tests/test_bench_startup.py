@@ -36,6 +36,7 @@ def test_quick_cli_run_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFi
         assert r["backend"] == "sim" and r["graphs"] == 8  # PIECEWISE and FULL for each of the 4 sizes
         assert r["compile_s"] > 0 and r["capture_s"] > 0
         assert r["startup_s"] >= r["compile_s"] + r["capture_s"] - 1e-3  # building the engine includes both
+        assert r["memory_mib"] == r["memory_mib"]  # measured (the process's resident memory), not nan
     fixed, legacy = result.rows
     assert result.fix_ratio("full_and_piecewise", "compiled") == fixed["capture_s"] / legacy["capture_s"]
     assert "cold" in result.environment["compile_caches"]
