@@ -11,7 +11,7 @@ from cglab.bench.peer import ReduceOverheadForward, capture_safe
 from cglab.bench.run import _prefill
 from cglab.runner import ModelRunner
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)")]
 
 
 def test_every_row_kind_runs_and_is_counted_by_the_profiler() -> None:
