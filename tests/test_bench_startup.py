@@ -103,3 +103,10 @@ def test_recorded_startup_runs_load(path: Path) -> None:
     assert {r["backend"] for r in result.rows} == {"cuda"} and all(r["graphs"] > 0 for r in result.rows)
     sizes = len(result.config["capture_sizes"])
     assert all(r["graphs"] == sizes * (2 if r["policy"] == "full_and_piecewise" else 1) for r in result.rows)
+
+
+def test_cli_refuses_bad_values_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["startup", "--quick", "--max-capture-size", "5000", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not a hardware limit" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
