@@ -41,9 +41,10 @@ lab: $(STAMP)
 	  $(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # -n auto: one pytest worker per core (pytest-xdist); --dist loadscope keeps each test file, and
-# each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel.
+# each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel. The
+# notebooks come first: they are the longest units, and the short test files then fill the gaps.
 test: $(STAMP)
-	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope tests $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg)
+	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg) tests
 
 # Re-execute every notebook in a clean kernel on the CPU and save the outputs (commit them).
 notebooks: $(STAMP)

@@ -71,7 +71,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     reasons: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr
-        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        reasons[reason.removeprefix("Skipped: ")] += 1
+        reason = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
+        if report.nodeid.split("::")[0].endswith(".ipynb"):  # nbval gives no reason of its own
+            reason = "notebook cell tagged nbval-skip (the notebook says why)"
+        reasons[reason] += 1
     for reason, count in reasons.most_common():
         terminalreporter.write_line(f"{count} skipped: {reason}")
