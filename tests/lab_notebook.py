@@ -98,8 +98,12 @@ _RUN_ALL = "() => window.jupyterapp.commands.execute('notebook:run-all-cells')"
 # Closing a run notebook would ask whether to save it; shutting the kernel down and disposing of the
 # panel closes it without a question and without writing the file.
 _CLOSE = f"async (path) => {{ const panel = {_PANEL}; await panel.sessionContext.shutdown(); panel.dispose(); }}"
-_NOTEBOOK_HEIGHT = f"""(path) => {{ const node = ({_PANEL}).content.node;
-  return (node.querySelector('.jp-WindowedPanel-outer') || node).scrollHeight; }}"""
+# The notebook's scrolling area, scrolled back to the top (the explorers left it at the bottom); returns
+# its full height.
+_TO_TOP = f"""(path) => {{ const node = ({_PANEL}).content.node;
+  const scroller = node.querySelector('.jp-WindowedPanel-outer') || node;
+  scroller.scrollTop = 0;
+  return scroller.scrollHeight; }}"""
 
 
 @dataclass
@@ -215,9 +219,10 @@ class LabTab:
     async def _screenshot(self, path: str, target: Path) -> None:
         """The whole notebook in one image: the viewport grows to the notebook's height first (Lab
         scrolls inside the page, so a full-page screenshot would show only the first screen)."""
-        height = await self.page.evaluate(_NOTEBOOK_HEIGHT, path)
+        height = await self.page.evaluate(_TO_TOP, path)
         await self.page.set_viewport_size({"width": WIDTH, "height": min(int(height) + 200, MAX_SCREENSHOT_HEIGHT)})
         await self.page.wait_for_timeout(300)  # one layout pass at the new size
+        await self.page.evaluate(_TO_TOP, path)
         target.parent.mkdir(parents=True, exist_ok=True)
         await self.page.screenshot(path=str(target), type="jpeg", quality=70)
         await self.page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
