@@ -2,8 +2,8 @@
 
 ``explore`` moves every control of one rendered explorer and checks that the plot follows: each
 move must redraw it, moving back must redraw the first plot exactly (the explorers are deterministic),
-and after a burst of quick moves the plot must be the one drawn for the last value alone, not an
-intermediate one (the widget race: a stale redraw finishing last).
+and after a burst of quick changes the plot must be the one drawn for the last values alone, not one
+for values held during the burst (a stale redraw finishing last, or a change that was dropped).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Control:
 
     @property
     def burst_steps(self) -> int:
-        """Steps forward that end on another value than the start: two, or three when the control
-        has only two values (two would come back)."""
+        """Quick steps forward that pass a value and end on another one than the start: two, or three
+        when the control has only two values (two would come back)."""
         return 2 if self.values >= 3 else 3
 
     def _advance(self, sign: int) -> Any:
@@ -113,9 +113,9 @@ class Control:
         else:
             await self.locator.select_option(index=argument)
 
-    def burst(self) -> list[list[Any]]:
-        """``burst_steps`` steps forward, as steps for ``_BURST``."""
-        return [[self.kind, self.index, self._advance(1)] for _ in range(self.burst_steps)]
+    def burst(self, steps: int) -> list[list[Any]]:
+        """``steps`` steps forward, as steps for ``_BURST``."""
+        return [[self.kind, self.index, self._advance(1)] for _ in range(steps)]
 
 
 _CONTROLS = (".widget-slider .noUi-handle, .widget-checkbox input, .widget-dropdown select, "
@@ -152,9 +152,10 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     """Drive every control of ``explorer``; return the problems seen and the number of steps taken.
 
     Each control steps forward and back: the plot must change, then come back exactly (the explorers
-    are deterministic). Then every control steps forward at once, in one burst: once the redraws
-    settle, the plot must be the one the last control draws on its own for the same values (stepped
-    back and forward again), not one drawn for values some control held during the burst."""
+    are deterministic). Then, in one burst, the first control takes ``burst_steps`` steps forward and
+    every other control one: once the redraws settle, the plot must be the one the last control draws
+    on its own for the same values (stepped back and forward again), not one drawn for values some
+    control held during the burst."""
     controls = await controls_of(explorer)
     initial = await plot_fingerprint(explorer)
     if not controls or initial is None:
@@ -168,7 +169,8 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
         steps += 2
         if back != initial:
             problems.append(f"control {number} ({control.kind}): stepping it back did not redraw the first plot")
-    burst = [step for control in controls for step in control.burst()]
+    burst = [step for number, control in enumerate(controls)
+             for step in control.burst(control.burst_steps if number == 0 else 1)]
     await explorer.locator(_CONTROLS).evaluate_all(_BURST, burst)
     after_burst = await wait_for_new_plot(explorer, kernel_status, before=initial)
     last = controls[-1]
