@@ -161,12 +161,17 @@ def write_index(out: Path, pages: list[tuple[Path, str]]) -> None:
         f"</p>{body}</body></html>\n", encoding="utf-8")
 
 
+def check_out(out: Path) -> None:
+    """Refuse an output folder with files this tool did not write: the build replaces the folder."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir()) and not (out / MARKER).exists()):
+        raise BuildError(f"{out} exists and was not written by this tool: choose another --out, or remove it")
+
+
 def build(notebooks: list[Path], out: Path) -> list[Path]:
     """Write every notebook's page, the index and the assets under ``out``; return the pages."""
     base = Path(os.path.commonpath([p.resolve().parent for p in notebooks]))
-    if out.exists() and any(out.iterdir()):
-        if not (out / MARKER).exists():
-            raise BuildError(f"{out} exists and was not written by this tool: choose another --out, or remove it")
+    check_out(out)
+    if out.exists():
         shutil.rmtree(out)  # a page whose notebook was deleted must not linger
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("written by tools/build_html.py; the next build replaces this folder\n")
@@ -187,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
         print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        check_out(args.out)
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     try:
         pages = build(args.notebooks, args.out)
