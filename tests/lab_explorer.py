@@ -148,6 +148,11 @@ async def controls_of(explorer: Locator) -> list[Control]:
     return found
 
 
+async def is_explorer(widget: Locator) -> bool:
+    """An explorer draws into an Output widget; other widgets (a progress bar) are only looked at."""
+    return await widget.locator(".widget-output").count() > 0
+
+
 async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[str], int]:
     """Drive every control of ``explorer``; return the problems seen and the number of steps taken.
 
@@ -158,8 +163,11 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     control held during the burst."""
     controls = await controls_of(explorer)
     initial = await plot_fingerprint(explorer)
-    if not controls or initial is None:
-        return [f"has {'no controls' if not controls else 'no plot'}"], 0
+    if not controls:
+        return [("has no control this test can move (sliders, dropdowns, checkboxes, multiple selections); "
+                 "teach lab_explorer.controls_of the new kind")], 0
+    if initial is None:
+        return ["shows no plot"], 0
     problems, steps = [], 0
     for number, control in enumerate(controls):
         await control.step(1)

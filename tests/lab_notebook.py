@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lab_explorer import explore
+from lab_explorer import explore, is_explorer
 
 if TYPE_CHECKING:  # the module imports without Playwright, so a test can skip when it is missing
     from lab_server import LabServer
@@ -114,6 +114,7 @@ class NotebookRun:
     problems: list[str] = field(default_factory=list)
     cells: int = 0
     widgets: int = 0
+    explorers: int = 0
     control_moves: int = 0
     seconds: float = 0.0
     screenshot: Path | None = None
@@ -178,9 +179,12 @@ class LabTab:
             numbers = [w["number"] for c in cells for w in c["widgets"] if w["rendered"]]
             run.widgets = len(numbers)
             for number in numbers:
-                problems, moves = await explore(self.page.locator(f'#{panel_id} [data-e2e-widget="{number}"]'),
-                                                lambda: self.page.evaluate(_KERNEL_STATUS, path))
+                widget = self.page.locator(f'#{panel_id} [data-e2e-widget="{number}"]')
+                if not await is_explorer(widget):
+                    continue
+                problems, moves = await explore(widget, lambda: self.page.evaluate(_KERNEL_STATUS, path))
                 run.problems += [f"explorer {number}: {problem}" for problem in problems]
+                run.explorers += 1
                 run.control_moves += moves
             widget_errors = await self.page.evaluate(_WIDGET_ERRORS, path)
             run.problems += [f"a widget shows an error: {text}" for text in widget_errors]

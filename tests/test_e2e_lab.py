@@ -55,6 +55,7 @@ ARTIFACTS = ROOT / "build" / "e2e"
 PARALLEL_TABS = int(os.environ.get("E2E_TABS", "2"))
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
 SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 skip_without_chromium()
 
@@ -65,7 +66,8 @@ ERROR_CELLS = [
     "print('after')",
 ]
 WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.widgets import interactive_decode_explorer",
-                "interactive_decode_explorer()"]
+                "interactive_decode_explorer()",
+                "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)"]  # a widget, not an explorer
 
 
 def _write_notebook(path: Path, sources: list[str], raising: tuple[int, ...] = ()) -> None:
@@ -182,8 +184,9 @@ def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         report = []
         for path, run in runs.items():
             if isinstance(run, NotebookRun):
-                report.append(f"{path}: {run.seconds:.1f} s, {run.cells} code cells, {run.widgets} widgets, "
-                              f"{run.control_moves} control moves, {len(run.problems)} problems")
+                report.append(f"{path}: {run.seconds:.1f} s, {run.cells} code cells, {run.widgets} widgets "
+                              f"({run.explorers} explorers, {run.control_moves} control moves), "
+                              f"{len(run.problems)} problems")
                 report += [f"    {problem}" for problem in run.problems]
         print("\n".join(f"  {line}" for line in report if not line.startswith("    ")))
         (ARTIFACTS / "report.txt").write_text("\n".join(report) + "\n")
@@ -197,16 +200,33 @@ def test_notebook_runs_in_jupyterlab(lab_runs: dict[str, Any], path: str) -> Non
     assert run.screenshot is not None and run.screenshot.stat().st_size > 0
 
 
+def _saved_widgets(path: Path) -> tuple[int, int]:
+    """The committed notebook's widget outputs, and how many of them are explorers (their saved
+    state holds an Output widget)."""
+    notebook = nbformat.read(path, as_version=4)
+    state = notebook.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    models = state.get("state", {})
+
+    def holds_output(model_id: str) -> bool:
+        model = models.get(model_id)
+        return model is not None and (model["model_name"] == "OutputModel" or any(
+            holds_output(child.removeprefix("IPY_MODEL_")) for child in model["state"].get("children", [])))
+
+    views = [output["data"][WIDGET_VIEW]["model_id"] for cell in notebook.cells if cell.cell_type == "code"
+             for output in cell.outputs if WIDGET_VIEW in output.get("data", {})]
+    return len(views), sum(map(holds_output, views))
+
+
 def test_the_explorers_were_explored(lab_runs: dict[str, Any]) -> None:
-    """Notebooks whose committed outputs hold widgets showed as many in the browser, and every
-    explorer's controls were moved (so the widget checks above are not vacuous)."""
+    """The browser showed as many widgets and explorers as each committed notebook saved, and moved
+    the controls of every explorer (so the widget checks above are not vacuous)."""
     for path in (p for p in NOTEBOOKS if p in lab_runs):  # all of them, unless -k picked some
-        committed = nbformat.read(ROOT / path, as_version=4)
-        expected = sum("application/vnd.jupyter.widget-view+json" in output.get("data", {})
-                       for cell in committed.cells if cell.cell_type == "code" for output in cell.outputs)
+        widgets, explorers = _saved_widgets(ROOT / path)
         run = lab_runs[path]
-        assert run.widgets == expected, f"{path}: {run.widgets} widgets rendered, the committed notebook has {expected}"
-        assert (run.control_moves > 0) == (expected > 0), f"{path}: {run.control_moves} control moves"
+        assert (run.widgets, run.explorers) == (widgets, explorers), \
+            f"{path}: {run.widgets} widgets and {run.explorers} explorers in the browser, saved: {widgets}, {explorers}"
+        assert (run.control_moves > 0) == (explorers > 0), f"{path}: {run.control_moves} control moves"
+    assert sum(_saved_widgets(ROOT / path)[1] for path in NOTEBOOKS) > 0, "no explorer anywhere: nothing was driven"
 
 
 def test_an_error_cell_fails_the_run(lab_runs: dict[str, Any]) -> None:
@@ -217,9 +237,10 @@ def test_an_error_cell_fails_the_run(lab_runs: dict[str, Any]) -> None:
 
 
 def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, Any]) -> None:
-    """Self-test: the same explorer passes with the widget manager and fails without it."""
-    assert lab_runs["selftest/widget.ipynb"].problems == []
-    assert lab_runs["selftest/widget.ipynb"].control_moves > 0
+    """Self-test: the same widgets (an explorer, a progress bar) pass with the widget manager and fail
+    without it."""
+    run = lab_runs["selftest/widget.ipynb"]
+    assert (run.problems, run.widgets, run.explorers) == ([], 2, 1) and run.control_moves > 0
     problems = lab_runs[SELFTEST_WITHOUT_WIDGETS].problems
     assert problems and all(" shows a widget as text: " in p or "console error" in p for p in problems), problems
     assert any(p.startswith("cell 1 (interactive_decode_explorer()) shows a widget as text: VBox(children=")
