@@ -98,7 +98,7 @@ def stripped_suite(target: Path) -> None:
     _write_notebook(target / "selftest" / "widget.ipynb", WIDGET_CELLS)
 
 
-Job = tuple[str, str, "Path | None"]  # (result key, notebook path under the server's root, screenshot)
+Job = tuple[str, str, Path | None]  # (result key, notebook path under the server's root, screenshot)
 
 
 async def _run_all(queues: dict[LabServer, list[Job]], tabs: dict[LabServer, int]) -> dict[str, NotebookRun]:
@@ -107,8 +107,10 @@ async def _run_all(queues: dict[LabServer, list[Job]], tabs: dict[LabServer, int
 
     results: dict[str, NotebookRun] = {}
     async with async_playwright() as playwright:
+        # A fresh profile in a temporary folder each launch (Playwright's default); one context for
+        # every tab, so Lab's scripts are fetched once.
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = await browser.new_context(reduced_motion="reduce")
+        context = await browser.new_context()
 
         async def tab_worker(server: LabServer, queue: list[Job], workspace: str) -> None:
             tab = await LabTab.open(context, server, workspace)
