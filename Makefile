@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make lab    open the notebook suite in JupyterLab
-#   make test   run every test: unit tests and nbval on every notebook
+#   make test   run every test: unit tests and nbval on every notebook, then the browser tests
+# and one more for readers without a kernel:
+#   make html   the executed suite as static pages in build/html/ (plots and widgets, no network)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,7 +19,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 # same whether the machine is idle or busy.
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup lab test notebooks clean
+.PHONY: setup lab test test-e2e notebooks html clean
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -45,10 +47,26 @@ lab: $(STAMP)
 # notebooks come first: they are the longest units, and the short test files then fill the gaps.
 test: $(STAMP)
 	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg) tests
+	@$(MAKE) --no-print-directory test-e2e
+
+# The browser tests (pytest -m e2e): every notebook in JupyterLab in headless Chromium, and make html's
+# pages read offline; screenshots land in build/e2e/. They need the system's Chromium (.ci/run installs
+# it); without one they are skipped, and said so.
+CHROMIUM ?= $(firstword $(shell command -v chromium chromium-browser 2>/dev/null))
+test-e2e: $(STAMP)
+ifeq ($(CHROMIUM),)
+	@echo "SKIPPED the browser tests (JupyterLab, make html): no Chromium; install it (Debian: apt-get install chromium) or pass CHROMIUM=/path/to/chromium"
+else
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -m e2e tests/test_e2e_lab.py tests/test_e2e_html.py
+endif
 
 # Re-execute every notebook in a clean kernel on the CPU and save the outputs (commit them).
 notebooks: $(STAMP)
 	$(PY) tools/execute_notebooks.py $(NOTEBOOKS)
+
+# Static pages of the committed (executed) notebooks; the widget manager is downloaded once into .cache/.
+html: $(STAMP)
+	$(PY) tools/build_html.py --out build/html $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) .cache

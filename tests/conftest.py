@@ -21,6 +21,17 @@ BACKEND_PARAMS = [
 ]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Browser tests run only when asked for (``-m e2e``, as ``make test-e2e`` does): they start
+    JupyterLab and Chromium, and ``make test`` runs them in a step of their own."""
+    if "e2e" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="browser test: run it with `make test-e2e` (pytest -m e2e)")
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(params=BACKEND_PARAMS)
 def device(request: pytest.FixtureRequest) -> str:
     """Run the test on the simulator (device cpu) and, where a GPU exists, on real CUDA graphs."""

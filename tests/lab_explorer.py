@@ -1,0 +1,193 @@
+"""An explorer (controls above a plot) driven the way a learner drives it, in a JupyterLab page.
+
+``explore`` moves every control of one rendered explorer and checks that the plot follows: each
+move must redraw it, moving back must redraw the first plot exactly (the explorers are deterministic),
+and after a burst of quick changes the plot must be the one drawn for the last values alone, not one
+for values held during the burst (a stale redraw finishing last, or a change that was dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from playwright.async_api import Locator
+
+REDRAW_TIMEOUT_S = 30.0
+QUIET_S = 0.4  # how long the kernel must stay idle, and the plot unchanged, before a redraw counts as done
+
+# A short fingerprint of the last image in an explorer's output area (its data URI hashed in the page,
+# so polling does not ship the image to Python each time), or null when there is none.
+_PLOT_FINGERPRINT = """(explorer) => {
+  const images = explorer.querySelectorAll('.widget-output img');
+  if (!images.length) return null;
+  const source = images[images.length - 1].getAttribute('src') || '';
+  let hash = 2166136261;
+  for (let i = 0; i < source.length; i++) hash = Math.imul(hash ^ source.charCodeAt(i), 16777619);
+  return source.length + ':' + (hash >>> 0).toString(16);
+}"""
+
+KernelStatus = Callable[[], Awaitable[str]]
+
+
+async def plot_fingerprint(explorer: Locator) -> str | None:
+    return await explorer.evaluate(_PLOT_FINGERPRINT)
+
+
+async def wait_for_new_plot(explorer: Locator, kernel_status: KernelStatus, before: str | None) -> str:
+    """Wait until the plot differs from ``before`` and, with the kernel idle, has stayed the same for
+    ``QUIET_S``; return its fingerprint."""
+    deadline = time.monotonic() + REDRAW_TIMEOUT_S
+    last, quiet_since, status = None, None, "unknown"
+    while time.monotonic() < deadline:
+        status = await kernel_status()
+        plot = await plot_fingerprint(explorer)
+        if status == "idle" and plot is not None and plot == last and plot != before:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= QUIET_S:
+                return plot
+        else:
+            quiet_since = None
+        last = plot
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"the plot did not change within {REDRAW_TIMEOUT_S:.0f} s (kernel {status})")
+
+
+# The burst: every step of every control dispatched in one task of the page, so they all reach the
+# widgets within a millisecond, far faster than any pointer; the widgets send them to the kernel as
+# they would a learner's quick clicks. Each step: [kind, node index, argument].
+_BURST = """(nodes, steps) => {
+  for (const [kind, index, argument] of steps) {
+    const node = nodes[index];
+    if (kind === 'slider') {
+      node.dispatchEvent(new KeyboardEvent('keydown', {key: argument > 0 ? 'ArrowRight' : 'ArrowLeft', bubbles: true}));
+    } else if (kind === 'checkbox') {
+      node.click();
+    } else {
+      Array.from(node.options).forEach((option, k) => { option.selected = argument.includes(k); });
+      node.dispatchEvent(new Event('change', {bubbles: true}));
+    }
+  }
+}"""
+
+
+class Control:
+    """One control, moved with the keyboard or the mouse. A step forward and a step back are inverse:
+    a slider step right and left (left where the slider is near its end), the next and the previous
+    option, a toggle, a step through a cycle of selections (``selections``: how many options, from the
+    first, each one selects). ``values``: how many values the steps go through (a slider: many)."""
+
+    def __init__(self, kind: str, locator: Locator, index: int, values: int, *, position: int = 0,
+                 direction: int = 1, selections: tuple[int, ...] = ()) -> None:
+        self.kind, self.locator, self.index, self.values = kind, locator, index, values
+        self.direction, self.selections = direction, selections
+        self._position = position
+
+    @property
+    def burst_steps(self) -> int:
+        """Quick steps forward that pass a value and end on another one than the start: two, or three
+        when the control has only two values (two would come back)."""
+        return 2 if self.values >= 3 else 3
+
+    def _advance(self, sign: int) -> Any:
+        """Take one step in the model of the control; return the burst argument for it."""
+        if self.kind == "slider":
+            return sign * self.direction
+        if self.kind == "checkbox":
+            return None
+        self._position = (self._position + sign) % self.values
+        if self.kind == "dropdown":
+            return [self._position]
+        return list(range(self.selections[self._position]))
+
+    async def step(self, sign: int) -> None:
+        """One step, as a learner takes it (a key press, a click, a choice in the list)."""
+        argument = self._advance(sign)
+        if self.kind == "slider":
+            await self.locator.press("ArrowRight" if argument > 0 else "ArrowLeft")
+        elif self.kind == "checkbox":
+            await self.locator.click()
+        else:
+            await self.locator.select_option(index=argument)
+
+    def burst(self, steps: int) -> list[list[Any]]:
+        """``steps`` steps forward, as steps for ``_BURST``."""
+        return [[self.kind, self.index, self._advance(1)] for _ in range(steps)]
+
+
+_CONTROLS = (".widget-slider .noUi-handle, .widget-checkbox input, .widget-dropdown select, "
+             ".widget-select-multiple select")
+
+
+async def controls_of(explorer: Locator) -> list[Control]:
+    """The explorer's controls that can take another value, in the order they are shown."""
+    found = []
+    for index, node in enumerate(await explorer.locator(_CONTROLS).all()):
+        classes = await node.evaluate("n => (n.closest('.widget-inline-hbox') || n).className")
+        if "widget-slider" in classes:
+            value, top = await node.evaluate("n => [Number(n.getAttribute('aria-valuenow')), "
+                                             "Number(n.getAttribute('aria-valuemax'))]")
+            found.append(Control("slider", node, index, values=99, direction=1 if value + 3 <= top else -1))
+        elif "widget-checkbox" in classes:
+            found.append(Control("checkbox", node, index, values=2))
+        else:
+            options, *selected = await node.evaluate("n => [n.options.length, n.selectedIndex, "
+                                                     "Array.from(n.options).filter(o => o.selected).length]")
+            if "widget-dropdown" in classes:
+                control = Control("dropdown", node, index, values=options, position=max(selected[0], 0))
+            else:  # every option, all but the last, the first one (fewer when there are few options)
+                selections = tuple(dict.fromkeys(n for n in (options, options - 1, 1) if n > 0))
+                position = selections.index(selected[1]) if selected[1] in selections else 0
+                control = Control("multiple", node, index, values=len(selections), position=position,
+                                  selections=selections)
+            if control.values >= 2:
+                found.append(control)
+    return found
+
+
+async def is_explorer(widget: Locator) -> bool:
+    """An explorer draws into an Output widget; other widgets (a progress bar) are only looked at."""
+    return await widget.locator(".widget-output").count() > 0
+
+
+async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[str], int]:
+    """Drive every control of ``explorer``; return the problems seen and the number of steps taken.
+
+    Each control steps forward and back: the plot must change, then come back exactly (the explorers
+    are deterministic). Then, in one burst, the first control takes ``burst_steps`` steps forward and
+    every other control one: once the redraws settle, the plot must be the one the last control draws
+    on its own for the same values (stepped back and forward again), not one drawn for values some
+    control held during the burst."""
+    controls = await controls_of(explorer)
+    initial = await plot_fingerprint(explorer)
+    if not controls:
+        return [("has no control this test can move (sliders, dropdowns, checkboxes, multiple selections); "
+                 "teach lab_explorer.controls_of the new kind")], 0
+    if initial is None:
+        return ["shows no plot"], 0
+    problems, steps = [], 0
+    for number, control in enumerate(controls):
+        await control.step(1)
+        moved = await wait_for_new_plot(explorer, kernel_status, before=initial)
+        await control.step(-1)
+        back = await wait_for_new_plot(explorer, kernel_status, before=moved)
+        steps += 2
+        if back != initial:
+            problems.append(f"control {number} ({control.kind}): stepping it back did not redraw the first plot")
+    burst = [step for number, control in enumerate(controls)
+             for step in control.burst(control.burst_steps if number == 0 else 1)]
+    await explorer.locator(_CONTROLS).evaluate_all(_BURST, burst)
+    after_burst = await wait_for_new_plot(explorer, kernel_status, before=initial)
+    last = controls[-1]
+    await last.step(-1)
+    one_back = await wait_for_new_plot(explorer, kernel_status, before=after_burst)
+    await last.step(1)
+    alone = await wait_for_new_plot(explorer, kernel_status, before=one_back)
+    steps += len(burst) + 2
+    if alone != after_burst:
+        problems.append(f"after a burst of {len(burst)} quick changes the plot is not the one drawn for the "
+                        f"final values")
+    return problems, steps

@@ -1,0 +1,144 @@
+"""A JupyterLab server for the browser tests: loopback only, a free port, a token, its own settings.
+
+``LabServer(root)`` runs ``jupyter lab`` from the test's Python on 127.0.0.1 with configuration,
+settings, workspaces and runtime files in a folder of its own, so the machine's Jupyter setup (a
+disabled extension, a saved layout) cannot change what the test sees. Every cell is attached to the
+page (no windowing), so a widget far down a notebook is rendered like the first one; autosave is off,
+so the run never writes a notebook. ``disabled_extensions`` switches lab extensions off, which is how
+the tests show that a missing widget manager is caught. ``stop`` shuts down the kernels and the
+server, and names any of their processes that outlived it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+# User settings, per plugin. Windowing "none": the default modes attach only the cells near the
+# viewport, and a widget that is not attached is not rendered, so it could be neither checked nor
+# shown in a screenshot. The news and update checks would reach for the network.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+START_TIMEOUT_S = 60.0
+# No proxy: one set in the environment would not reach the server on 127.0.0.1.
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class LabServer:
+    """``jupyter lab`` serving ``root``: ``start``, ``wait_ready``, then ``stop``."""
+
+    def __init__(self, root: Path, home: Path, *, disabled_extensions: Sequence[str] = (),
+                 log: Path | None = None) -> None:
+        self.root, self.home, self.log = root, home, log or home / "jupyterlab.log"
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        self.disabled_extensions = tuple(disabled_extensions)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._descendants: list[psutil.Process] = []
+
+    def url(self, path: str = "lab") -> str:
+        separator = "&" if "?" in path else "?"
+        return f"http://127.0.0.1:{self.port}/{path}{separator}token={self.token}"
+
+    def _write_config(self) -> dict[str, str]:
+        """The config folders the server reads, filled in; returns the environment naming them."""
+        dirs = {name: self.home / name for name in ("config", "settings", "workspaces", "runtime")}
+        for folder in dirs.values():
+            folder.mkdir(parents=True, exist_ok=True)
+        for plugin, values in SETTINGS.items():
+            package, name = plugin.rsplit("/", 1)
+            target = dirs["settings"] / package / f"{name}.jupyterlab-settings"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(values))
+        if self.disabled_extensions:
+            (dirs["config"] / "labconfig").mkdir(exist_ok=True)
+            page_config = {"disabledExtensions": {name: True for name in self.disabled_extensions}}
+            (dirs["config"] / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
+        return {"JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+                "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"])}
+
+    def start(self) -> None:
+        env = {**os.environ, **self._write_config()}
+        # The kernels should run as in `make lab`: the inline plots of a Lab, not the Agg backend the
+        # unit tests set; on the CPU, like the committed outputs.
+        env.pop("MPLBACKEND", None)
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                   f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+                   f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
+                   "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+                   "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                   "--LabApp.extension_manager=readonly"]
+        if os.geteuid() == 0:
+            command.append("--allow-root")  # containers run as root, where Jupyter refuses without it
+        with open(self.log, "wb") as log:
+            self._process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL)
+
+    def wait_ready(self) -> None:
+        """Block until the server answers its status API; raise with its log if it died or hung."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited at start:\n{self.log.read_text()[-3000:]}")
+            try:
+                self._api("api/status")
+                return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        raise RuntimeError(f"jupyter lab did not answer within {START_TIMEOUT_S:.0f} s:\n"
+                           f"{self.log.read_text()[-3000:]}")
+
+    def _api(self, path: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(self.url(path), method=method)
+        with _LOOPBACK.open(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def stop(self) -> list[str]:
+        """Shut down every kernel, then the server. Returns the processes that had to be killed
+        because they outlived it (empty when everything stopped as it should)."""
+        if self._process is None:
+            return []
+        try:
+            self._descendants = psutil.Process(self._process.pid).children(recursive=True)
+            for kernel in self._api("api/kernels"):
+                self._api(f"api/kernels/{kernel['id']}", method="DELETE")
+        except (urllib.error.URLError, ConnectionError, psutil.Error):
+            pass  # the server is already gone; what is left over is found below
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        _, alive = psutil.wait_procs(self._descendants, timeout=10)
+        leftovers = []
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                leftovers.append(f"{process.pid} {' '.join(process.cmdline()[:4])}")
+                process.kill()
+        self._process = None
+        return leftovers

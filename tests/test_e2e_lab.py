@@ -1,0 +1,253 @@
+"""The suite in a real browser: JupyterLab runs every notebook, and the widgets render and answer.
+
+nbval checks the saved outputs; this checks what a learner sees. A JupyterLab server (loopback, free
+port, token) serves an output-stripped copy of ``notebooks/``; headless Chromium opens the notebooks
+in JupyterLab, two tabs at a time, each notebook with a fresh kernel, runs Run All, and fails on an
+error a cell shows without the ``raises-exception`` tag, a cell that never ran, a widget shown as
+text, a plot that did not load, or an error in the page (``lab_notebook``). Every explorer's controls
+are then moved, one at a time and in a burst, and the plot must follow (``lab_explorer``). A
+screenshot of each notebook and ``report.txt`` land in ``build/e2e/``. Notebooks are found by glob,
+so a new one is tested without changes here; the server and every kernel are stopped at the end.
+
+Run it with ``make test-e2e`` (``make test`` runs it when Chromium is installed), or
+``pytest -m e2e tests/test_e2e_lab.py``; it needs Chromium (Debian: ``apt-get install chromium``,
+or set ``CHROMIUM`` to the browser) and the ``playwright`` Python package, and it uses no browser
+download of Playwright's own.
+
+How it was shown to fail (once, by hand; the self-tests at the end check the first two on every run,
+on tiny notebooks of their own):
+- the widget manager disabled (what ``jupyter labextension disable @jupyter-widgets/jupyterlab-manager``
+  does; here the server's ``disabledExtensions``): notebooks 02, 04 and 05 fail with "cell N (...)
+  shows a widget as text: VBox(children=...)";
+- a cell raising an error (``1 / 0`` inserted untagged into notebook 03): 03 fails with "cell 6
+  (1 / 0) raised ZeroDivisionError" and "cells 7, 9, ... never ran";
+- an explorer that drops a change arriving right after a draw (a rate limit in ``_Redraw.request``):
+  notebooks 04 and 05 fail with "after a burst of N quick changes the plot is not the one drawn for
+  the final values" (only the burst catches it there), 02 with "the plot did not change".
+In these runs no two redraws overlapped (the widgets send one change per control at a time, and the
+kernel ran them one after another), so a redraw that mishandles overlapping callbacks is not provoked
+here; tests/test_widgets.py fires those from threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
+from lab_notebook import LabTab, NotebookRun
+from lab_server import LabServer
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts)
+ARTIFACTS = ROOT / "build" / "e2e"
+# Notebooks running at once, one per tab (each with its kernel): the kernels are CPU-bound, so one
+# per core; E2E_TABS changes it.
+PARALLEL_TABS = int(os.environ.get("E2E_TABS", "2"))
+WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
+SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+skip_without_chromium()
+
+ERROR_CELLS = [
+    "print('before')",
+    "raise ValueError('a lesson about errors')",  # tagged raises-exception: shown, and allowed
+    "1 / 0",
+    "print('after')",
+]
+WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.widgets import interactive_decode_explorer",
+                "interactive_decode_explorer()",
+                "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)"]  # a widget, not an explorer
+
+
+def _write_notebook(path: Path, sources: list[str], raising: tuple[int, ...] = ()) -> None:
+    cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    for index in raising:
+        cells[index].metadata["tags"] = ["raises-exception"]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, path)
+
+
+def stripped_suite(target: Path) -> None:
+    """The suite as a learner who clears the outputs has it: ``notebooks/`` copied without outputs
+    or saved widget state, every other top-level entry linked, so ``../data`` and ``../tests`` resolve."""
+    for entry in ROOT.iterdir():
+        if entry.name != "notebooks" and not entry.name.startswith(".") and entry.name != "build":
+            (target / entry.name).symlink_to(entry)
+    for relative in NOTEBOOKS:
+        notebook = nbformat.read(ROOT / relative, as_version=4)
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        notebook.metadata.pop("widgets", None)
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, target / relative)
+    (target / "selftest").mkdir()
+    _write_notebook(target / "selftest" / "error_cell.ipynb", ERROR_CELLS, raising=(1,))
+    _write_notebook(target / "selftest" / "widget.ipynb", WIDGET_CELLS)
+
+
+Job = tuple[str, str, Path | None]  # (result key, notebook path under the server's root, screenshot)
+
+
+async def _run_all(queues: dict[LabServer, list[Job]], tabs: dict[LabServer, int]) -> dict[str, NotebookRun]:
+    """Every queued notebook, each server's queue shared by that many tabs."""
+    from playwright.async_api import async_playwright
+
+    results: dict[str, NotebookRun] = {}
+    async with async_playwright() as playwright:
+        # A fresh profile in a temporary folder each launch (Playwright's default); one context for
+        # every tab, so Lab's scripts are fetched once.
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = await browser.new_context()
+
+        async def tab_worker(server: LabServer, queue: list[Job], workspace: str) -> None:
+            tab = await LabTab.open(context, server, workspace)
+            try:
+                while queue:
+                    key, path, screenshot = queue.pop(0)
+                    results[key] = await tab.run(path, screenshot)
+            finally:
+                await tab.close()
+
+        try:
+            await asyncio.gather(*(tab_worker(server, queue, f"e2e-{n}-{k}")
+                                   for n, (server, queue) in enumerate(queues.items()) for k in range(tabs[server])))
+        finally:
+            await browser.close()
+    return results
+
+
+def _selected_notebooks(request: pytest.FixtureRequest) -> list[str]:
+    """The notebooks whose tests this session runs (all, unless ``-k`` picked some)."""
+    chosen = set()
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if getattr(item, "module", None) is request.module and callspec is not None and "path" in callspec.params:
+            chosen.add(callspec.params["path"])
+    return sorted(chosen) if chosen else NOTEBOOKS
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of every child it has waited for (servers with their kernels, the
+    browser): the e2e test's cost on a machine of its own is about this divided by the cores."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def _code_cells(path: Path) -> int:
+    return sum(cell.cell_type == "code" for cell in nbformat.read(path, as_version=4).cells)
+
+
+def _screenshot_name(path: str) -> Path:
+    return ARTIFACTS / (path.removeprefix("notebooks/").replace("/", "__").removesuffix(".ipynb") + ".jpg")
+
+
+@pytest.fixture(scope="module")
+def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Every notebook and both self-tests, run once, several tabs at a time; then everything stopped."""
+    start, cpu_start = time.perf_counter(), _cpu_seconds()
+    root = tmp_path_factory.mktemp("suite")
+    stripped_suite(root)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.jpg"):
+        old.unlink()
+    lab = LabServer(root, tmp_path_factory.mktemp("lab"), log=ARTIFACTS / "jupyterlab.log")
+    without_widgets = LabServer(root, tmp_path_factory.mktemp("lab-no-widgets"),
+                                disabled_extensions=[WIDGET_MANAGER], log=ARTIFACTS / "jupyterlab-no-widgets.log")
+    runs: dict[str, Any] = {}
+    try:
+        for server in (lab, without_widgets):
+            server.start()  # both start at once; their Python imports overlap
+        for server in (lab, without_widgets):
+            server.wait_ready()
+        # The longest notebooks first (by code cells), so the last tab to finish has a short one.
+        ordered = sorted(_selected_notebooks(request), key=lambda p: -_code_cells(ROOT / p))
+        main = [(path, path, _screenshot_name(path)) for path in ordered]
+        main += [(path, path, None) for path in ("selftest/error_cell.ipynb", "selftest/widget.ipynb")]
+        queues = {lab: main, without_widgets: [(SELFTEST_WITHOUT_WIDGETS, "selftest/widget.ipynb", None)]}
+        runs |= asyncio.run(_run_all(queues, {lab: PARALLEL_TABS, without_widgets: 1}))
+    finally:
+        runs["leftover processes"] = lab.stop() + without_widgets.stop()
+    with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+        print(f"\nJupyterLab e2e: {time.perf_counter() - start:.0f} s, {_cpu_seconds() - cpu_start:.0f} s of CPU "
+              f"(servers, kernels, browser), {PARALLEL_TABS} tabs at a time")
+        report = []
+        for path, run in runs.items():
+            if isinstance(run, NotebookRun):
+                report.append(f"{path}: {run.seconds:.1f} s, {run.cells} code cells, {run.widgets} widgets "
+                              f"({run.explorers} explorers, {run.control_moves} control moves), "
+                              f"{len(run.problems)} problems")
+                report += [f"    {problem}" for problem in run.problems]
+        print("\n".join(f"  {line}" for line in report if not line.startswith("    ")))
+        (ARTIFACTS / "report.txt").write_text("\n".join(report) + "\n")
+    return runs
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_notebook_runs_in_jupyterlab(lab_runs: dict[str, Any], path: str) -> None:
+    run = lab_runs[path]
+    assert not run.problems, f"{path} in JupyterLab:\n  " + "\n  ".join(run.problems)
+    assert run.screenshot is not None and run.screenshot.stat().st_size > 0
+
+
+def _saved_widgets(path: Path) -> tuple[int, int]:
+    """The committed notebook's widget outputs, and how many of them are explorers (their saved
+    state holds an Output widget)."""
+    notebook = nbformat.read(path, as_version=4)
+    state = notebook.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    models = state.get("state", {})
+
+    def holds_output(model_id: str) -> bool:
+        model = models.get(model_id)
+        return model is not None and (model["model_name"] == "OutputModel" or any(
+            holds_output(child.removeprefix("IPY_MODEL_")) for child in model["state"].get("children", [])))
+
+    views = [output["data"][WIDGET_VIEW]["model_id"] for cell in notebook.cells if cell.cell_type == "code"
+             for output in cell.outputs if WIDGET_VIEW in output.get("data", {})]
+    return len(views), sum(map(holds_output, views))
+
+
+def test_the_explorers_were_explored(lab_runs: dict[str, Any]) -> None:
+    """The browser showed as many widgets and explorers as each committed notebook saved, and moved
+    the controls of every explorer (so the widget checks above are not vacuous)."""
+    for path in (p for p in NOTEBOOKS if p in lab_runs):  # all of them, unless -k picked some
+        widgets, explorers = _saved_widgets(ROOT / path)
+        run = lab_runs[path]
+        assert (run.widgets, run.explorers) == (widgets, explorers), \
+            f"{path}: {run.widgets} widgets and {run.explorers} explorers in the browser, saved: {widgets}, {explorers}"
+        assert (run.control_moves > 0) == (explorers > 0), f"{path}: {run.control_moves} control moves"
+    assert sum(_saved_widgets(ROOT / path)[1] for path in NOTEBOOKS) > 0, "no explorer anywhere: nothing was driven"
+
+
+def test_an_error_cell_fails_the_run(lab_runs: dict[str, Any]) -> None:
+    """Self-test: an untagged cell that raises is reported, and so is the cell Run All never reached;
+    the tagged one is not."""
+    assert lab_runs["selftest/error_cell.ipynb"].problems == [
+        "cell 2 (1 / 0) raised ZeroDivisionError: division by zero", "cell 3 never ran (Run All stopped before it)"]
+
+
+def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, Any]) -> None:
+    """Self-test: the same widgets (an explorer, a progress bar) pass with the widget manager and fail
+    without it."""
+    run = lab_runs["selftest/widget.ipynb"]
+    assert (run.problems, run.widgets, run.explorers) == ([], 2, 1) and run.control_moves > 0
+    problems = lab_runs[SELFTEST_WITHOUT_WIDGETS].problems
+    assert problems and all(" shows a widget as text: " in p or "console error" in p for p in problems), problems
+    assert any(p.startswith("cell 1 (interactive_decode_explorer()) shows a widget as text: VBox(children=")
+               for p in problems), problems
+
+
+def test_server_and_kernels_stopped(lab_runs: dict[str, Any]) -> None:
+    assert lab_runs["leftover processes"] == [], "processes outlived the JupyterLab servers"
