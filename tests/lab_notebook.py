@@ -191,11 +191,11 @@ class LabTab:
             if screenshot is not None:
                 await self._screenshot(path, screenshot)
                 run.screenshot = screenshot
-        except Exception as error:  # noqa: BLE001 -- a run that breaks down is reported like any other problem
+        except Exception as error:
             run.problems.append(f"the run broke down: {type(error).__name__}: {error}")
         try:
             await self.page.evaluate(_CLOSE, path)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             run.problems.append(f"closing the notebook failed: {type(error).__name__}: {error}")
         run.problems += self._problems
         self._problems = []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cglab import BatchExecutionDescriptor, CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig
+from cglab import BatchExecutionDescriptor, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig
 from cglab.config import default_capture_sizes
 
 NONE, PW, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cglab import CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig, state_differences
+from cglab import CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, state_differences
 from cglab.config import LAYER_KINDS
 
 TOLERANCE = 1e-4  # float32; padding changes matmul shapes, so bit-equality is too strict

@@ -9,13 +9,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import pytest
+import torch
+from matplotlib.figure import Figure
 
-from cglab import ConfigError, CUDAGraphMode, CudagraphDispatcher, ModelRunner, ToyConfig, run_repro  # noqa: E402
-from cglab.bench import BenchConfig, run_bench  # noqa: E402
-from cglab.draw import (  # noqa: E402
+from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro
+from cglab.bench import BenchConfig, run_bench
+from cglab.draw import (
     describe_environment,
     describe_requests,
     describe_step,
@@ -24,7 +24,7 @@ from cglab.draw import (  # noqa: E402
     draw_graph_anatomy,
     draw_padding,
 )
-from cglab.widgets import (  # noqa: E402
+from cglab.widgets import (
     _interactive,
     case_label,
     decode_explorer,
@@ -214,7 +214,7 @@ def test_overlapping_changes_from_two_threads_draw_one_at_a_time_and_the_last_va
             barrier.wait()
             for value in values:
                 slider.value = value
-        except BaseException as e:  # noqa: BLE001 -- a thread's exception would otherwise only be printed
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=change, args=(range(1, 300, 2),)),

@@ -170,8 +170,8 @@ class _InductorPieces(torch.fx.Interpreter):
         self.pieces = set(pieces)
 
     def run(self, *args: Any) -> Any:  # type: ignore[override]
-        from torch._guards import detect_fake_mode
         from torch._dispatch.python import enable_python_dispatcher
+        from torch._guards import detect_fake_mode
 
         fake_mode = detect_fake_mode()
         fake_args = [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
