@@ -42,7 +42,7 @@ def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
     return st.lists(st.lists(query_len, min_size=1, max_size=max_num_reqs), min_size=1, max_size=MAX_STEPS)
 
 
-@settings(CI, max_examples=110)
+@settings(CI, max_examples=70)
 @given(data=st.data())
 def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) -> None:
     config, mode, flavor = data.draw(engines())
