@@ -24,7 +24,7 @@ from cglab.config import (
     resolve_splitting_ops,
 )
 from cglab.errors import CglabError, ConfigError
-from cglab.runner import ModelRunner, state_differences
+from cglab.runner import HasState, ModelRunner, state_differences
 
 MAX_STEPS = 10_000
 MAX_POOL = 256
@@ -287,10 +287,16 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         runner.close()
+    compare_final_state(result, runner, reference)
+    return result
+
+
+def compare_final_state(result: ReproResult, runner: HasState, reference: HasState) -> None:
+    """Fill in ``result``'s verdict after the last step: its largest logit difference and which caches
+    and states differ from the eager reference's."""
     result.max_abs_diff = max(result.step_diffs) if result.step_diffs else None
     result.state_diffs = state_differences(runner, reference)
     result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
-    return result
 
 
 def _check_prefill_chunk(prefill_chunk: object, config: ToyConfig, batch_sizes: Sequence[int]) -> None:

@@ -18,14 +18,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def build_html() -> Any:
+def load_build_html() -> Any:
+    """``tools/build_html.py`` as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("build_html", ROOT / "tools" / "build_html.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def build_html() -> Any:
+    return load_build_html()
 
 
 def _integrity(data: bytes) -> str:

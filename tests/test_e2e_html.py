@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +49,9 @@ _STATE = """() => {
 
 
 def _build_html() -> Any:
-    spec = importlib.util.spec_from_file_location("build_html", ROOT / "tools" / "build_html.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from test_build_html import load_build_html  # one loader of tools/build_html.py for both files
+
+    return load_build_html()
 
 
 def _saved_widgets(path: Path) -> int:

@@ -19,8 +19,7 @@ from typing import Any
 
 from cglab.config import CUDAGraphMode, check_num_speculative_tokens, parse_piecewise_flavor, resolve_splitting_ops
 from cglab.errors import CglabError, ConfigError
-from cglab.repro import ReproResult, make_workload, repro_config, tolerance
-from cglab.runner import state_differences
+from cglab.repro import ReproResult, compare_final_state, make_workload, repro_config, tolerance
 from cglab.spec_decode.draft_model import draft_layer_pairs
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput
 
@@ -94,9 +93,7 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         runner.close()
-    result.max_abs_diff = max(result.step_diffs) if result.step_diffs else None
-    result.state_diffs = state_differences(runner, shadow)
-    result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
+    compare_final_state(result, runner, shadow)
     if counts["runner"][1]:
         result.acceptance_rate = counts["runner"][0] / counts["runner"][1]
         result.reference_acceptance_rate = counts["reference"][0] / counts["reference"][1]
