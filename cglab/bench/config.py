@@ -58,17 +58,23 @@ def parse_modes(modes: object, device_type: str) -> tuple[str, ...]:
     """Row kinds in ladder order; ``None``: every one the device can measure."""
     if modes is None:
         return available_modes(device_type)
-    names = modes.split(",") if isinstance(modes, str) else modes
-    if not isinstance(names, (list, tuple)) or not all(isinstance(m, str) for m in names):
-        raise ConfigError(f"modes must be names such as ('none', 'full'), got {modes!r}")
-    chosen = {m.strip().lower() for m in names if m.strip()}
-    if not chosen or not chosen <= set(MODE_NAMES):
-        raise ConfigError(f"modes must be some of {', '.join(MODE_NAMES)}, got {sorted(chosen)}")
+    chosen = choose_names("modes", modes, MODE_NAMES)
     gpu_only = sorted(m for m in chosen if BENCH_MODES[m].cuda_only and device_type != "cuda")
     if gpu_only:
         raise ConfigError(f"mode {gpu_only[0]} needs a CUDA GPU (torch.compile's CUDA graph trees run on CUDA "
                           "only); drop it from the modes or use device 'cuda'")
-    return tuple(m for m in MODE_NAMES if m in chosen)
+    return chosen
+
+
+def choose_names(name: str, values: object, valid: tuple[str, ...]) -> tuple[str, ...]:
+    """``"a,b"`` or ``("a", "b")`` -> the chosen names of ``valid``, in ``valid``'s order."""
+    names = values.split(",") if isinstance(values, str) else values
+    if not isinstance(names, (list, tuple)) or not all(isinstance(v, str) for v in names):
+        raise ConfigError(f"{name} must be names from {', '.join(valid)}, got {values!r}")
+    chosen = {v.strip().lower() for v in names if v.strip()}
+    if not chosen or not chosen <= set(valid):
+        raise ConfigError(f"{name} must be some of {', '.join(valid)}, got {sorted(chosen)}")
+    return tuple(v for v in valid if v in chosen)
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,11 @@ from typing import Any
 
 import torch
 
-from cglab.bench.config import BLOCK_SIZE, check_bounds, check_memory
+from cglab.bench.config import BLOCK_SIZE, check_bounds, check_memory, choose_names
 from cglab.bench.environment import collect_environment
 from cglab.bench.files import read_pair, save_pair
 from cglab.compilation import CompiledModel
 from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes, parse_layer_pattern
-from cglab.errors import ConfigError
 from cglab.runner import ModelRunner, resolve_device
 
 __all__ = ["POLICIES", "STARTUP_COLUMNS", "StartupConfig", "StartupResult", "load_startup", "measure_startup",
@@ -64,8 +63,8 @@ class StartupConfig:
         set_ = object.__setattr__
         set_(self, "layers", ",".join(parse_layer_pattern(self.layers)))
         check_bounds(self, _BOUNDS)
-        set_(self, "policies", _choose("policies", self.policies, POLICIES))
-        set_(self, "flavors", _choose("flavors", self.flavors, PIECEWISE_FLAVORS))
+        set_(self, "policies", choose_names("policies", self.policies, POLICIES))
+        set_(self, "flavors", choose_names("flavors", self.flavors, PIECEWISE_FLAVORS))
         check_memory(self.toy_config(), 1, "one runner")
 
     @classmethod
@@ -81,16 +80,6 @@ class StartupConfig:
         return ToyConfig(layers=self.layers, hidden_size=self.hidden_size, num_heads=self.num_heads, dtype=self.dtype,
                          block_size=BLOCK_SIZE, num_blocks=size, max_num_reqs=size, max_model_len=self.max_model_len,
                          max_num_batched_tokens=size, capture_sizes=default_capture_sizes(size), seed=self.seed)
-
-
-def _choose(name: str, values: object, valid: tuple[str, ...]) -> tuple[str, ...]:
-    names = values.split(",") if isinstance(values, str) else values
-    if not isinstance(names, (list, tuple)) or not all(isinstance(v, str) for v in names):
-        raise ConfigError(f"{name} must be names from {', '.join(valid)}, got {values!r}")
-    chosen = {v.strip().lower() for v in names if v.strip()}
-    if not chosen or not chosen <= set(valid):
-        raise ConfigError(f"{name} must be some of {', '.join(valid)}, got {sorted(chosen)}")
-    return tuple(v for v in valid if v in chosen)
 
 
 @dataclass
