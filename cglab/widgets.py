@@ -8,6 +8,8 @@ initial values draw the same figure, so the notebook reads well even where widge
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +25,7 @@ from cglab.repro import ReproResult, run_repro
 from cglab.runner import ModelRunner
 
 __all__ = [
-    "LAYER_MIXES", "case_label", "decode_explorer", "decode_scenario", "divergence_explorer",
+    "LAYER_MIXES", "cached_repro", "case_label", "decode_explorer", "decode_scenario", "divergence_explorer",
     "interactive_decode_explorer", "interactive_divergence_explorer", "interactive_latency_explorer",
     "last_written_slots", "latency_explorer", "verdict", "verdict_table",
 ]
@@ -80,6 +82,29 @@ def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
     return f"{cg_mode.name}{named} {'legacy' if legacy else 'fixed'}"
 
 
+_REPRO_PARAMETERS = inspect.signature(run_repro)
+
+
+@functools.lru_cache(maxsize=256)
+def _remembered_repro(options: tuple[tuple[str, Any], ...]) -> ReproResult:
+    return run_repro(**dict(options))
+
+
+def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
+    """``run_repro(mode, **options)``, remembered for the kernel's lifetime.
+
+    The explorer and the tables ask for the same cases again and again (a control moved back, the
+    fixed path drawn beside every legacy one, a table's column the explorer shows next). A repro is
+    seeded, so the same options give the same result; remembering it spares the toy's torch.compile
+    trace, the slow part of a run. The result is shared: read it, do not change it."""
+    bound = _REPRO_PARAMETERS.bind(mode, **options)
+    bound.apply_defaults()  # the same case spelled with or without a default option is one case
+    arguments = dict(bound.arguments)
+    arguments |= arguments.pop("config_overrides")
+    key = tuple(sorted((name, tuple(value) if isinstance(value, list) else value) for name, value in arguments.items()))
+    return _remembered_repro(key)
+
+
 def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
                         strict: bool = False, *, flavor: str = "compiled", device: str = "cpu",
                         steps: int = 16) -> Figure:
@@ -87,13 +112,14 @@ def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: st
 
     ``flavor``: how PIECEWISE graphs are captured, ``"compiled"`` (torch.compile split at attention,
     where the legacy bug lived) or ``"breakable"``."""
-    chosen = run_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers,
-                       strict_layers=strict, steps=steps, device=device)
+    chosen = cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers,
+                          strict_layers=strict, steps=steps, device=device)
     label = f"{case_label(mode, legacy, flavor)}{' strict' if strict else ''}"
     results = {label: chosen}
     if legacy:
-        results[case_label(mode, False, flavor)] = run_repro(mode, piecewise_flavor=flavor, layers=layers,
-                                                             strict_layers=strict, steps=steps, device=device)
+        results[case_label(mode, False, flavor)] = cached_repro(mode, legacy_skip_attn=False, piecewise_flavor=flavor,
+                                                                layers=layers, strict_layers=strict, steps=steps,
+                                                                device=device)
     fig = draw_divergence(results)
     fig.suptitle(f"{layers}: {label} -> {verdict(chosen)}", fontsize=11)
     fig.tight_layout()
@@ -103,7 +129,7 @@ def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: st
 Case = tuple[str, bool] | tuple[str, bool, str]
 
 
-def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 12,
+def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 16,
                   **repro_options: Any) -> str:
     """A text grid: one row per layer mix, one column per case, each cell ``ok``, ``DIVERGED`` or
     ``FAILED`` (capture raised). Column headers take two lines: the mode, then flavor and path.
@@ -123,8 +149,8 @@ def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: 
     for layers in layer_mixes:
         cells = []
         for mode, legacy, flavor in full_cases:
-            result = run_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers, steps=steps,
-                               device=device, **repro_options)
+            result = cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers,
+                                  steps=steps, device=device, **repro_options)
             cells.append("FAILED" if result.error else "DIVERGED" if result.diverged else "ok")
         lines.append(f"{layers:<{first}} | " + " | ".join(f"{c:^{w}}" for c, w in zip(cells, widths)))
     return "\n".join(line.rstrip() for line in lines)

@@ -24,8 +24,10 @@ from cglab.draw import (
     draw_graph_anatomy,
     draw_padding,
 )
+from cglab import widgets
 from cglab.widgets import (
     _interactive,
+    cached_repro,
     case_label,
     decode_explorer,
     decode_scenario,
@@ -115,6 +117,22 @@ def test_verdicts_and_table():
     assert _table_cells(table) == [["", "PIECEWISE", "PIECEWISE", "FULL"],
                                    ["", "compiled legacy", "breakable legacy", "legacy"],
                                    ["sconv,attn", "DIVERGED", "ok", "ok"], ["attn", "ok", "ok", "ok"]]
+
+
+def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch):
+    """One run per distinct case, however it is spelled: the explorer's fixed path, a table's cell and a
+    call naming a default option are the same case; another option is another case."""
+    runs = []
+    monkeypatch.setattr(widgets, "run_repro", lambda **options: runs.append(options) or run_repro(**options))
+    widgets._remembered_repro.cache_clear()
+    divergence_explorer("piecewise", legacy=True, layers="sconv,attn", steps=3)  # legacy and fixed: two runs
+    verdict_table(["sconv,attn"], [("piecewise", True), ("piecewise", False)], steps=3)  # both remembered
+    assert cached_repro("piecewise", layers="sconv,attn", steps=3, legacy_skip_attn=False, seed=0) is \
+        cached_repro(layers="sconv,attn", steps=3)
+    assert len(runs) == 2 and [r["legacy_skip_attn"] for r in runs] == [True, False]
+    cached_repro("piecewise", layers="sconv,attn", steps=3, splitting_ops=["cglab::unified_attention"])
+    cached_repro("piecewise", layers="sconv,attn", steps=3, hidden_size=64)  # a ToyConfig override
+    assert len(runs) == 4 and runs[-1]["hidden_size"] == 64
 
 
 def test_verdict_table_passes_options_and_marks_failed_captures():
