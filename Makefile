@@ -45,14 +45,13 @@ lab: $(STAMP)
 # -n auto: one pytest worker per core (pytest-xdist); --dist loadscope keeps each test file, and
 # each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel. The
 # notebooks come first: they are the longest units, and the short test files then fill the gaps.
-# The browser tests run at the same time, their output kept in build/e2e.log and shown at the end:
-# both wait on kernels and the browser often enough that running them together fills the cores.
+# Then the browser tests, after the others rather than beside them: both suites keep the cores
+# busy, so running them together saved no time, and it starved the browser tests' clocks (Run All
+# and redraw timeouts). Both parts run whatever the first one's result; either failing fails.
 test: $(STAMP)
-	@mkdir -p build
-	@$(MAKE) --no-print-directory test-e2e >build/e2e.log 2>&1 & e2e=$$!; \
-	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg) tests; \
-	unit=$$?; wait $$e2e; e2e_rc=$$?; echo "== browser tests (make test-e2e) =="; cat build/e2e.log; \
-	test $$unit -eq 0 && test $$e2e_rc -eq 0
+	@MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg) tests; \
+	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
+	test $$unit -eq 0 && test $$e2e -eq 0
 
 # The browser tests (pytest -m e2e): every notebook in JupyterLab in headless Chromium, and make html's
 # pages read offline; screenshots land in build/e2e/. They need the system's Chromium (.ci/run installs
