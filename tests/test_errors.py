@@ -118,10 +118,20 @@ STEP_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def refusing_runner() -> ModelRunner:
+    """One runner for every refused step (a compiled runner per case would cost a trace each): each case
+    also checks that the refusal left it as it was."""
+    r = ModelRunner(CONFIG, "full")
+    r.add_request("a")
+    return r
+
+
 @pytest.mark.parametrize("case", list(STEP_CASES))
-def test_bad_step_arguments(runner: ModelRunner, case: str) -> None:
+def test_bad_step_arguments(refusing_runner: ModelRunner, case: str) -> None:
     scheduled, fix = STEP_CASES[case]
-    assert fix in _message(lambda: runner.step(scheduled))
+    assert fix in _message(lambda: refusing_runner.step(scheduled))
+    assert list(refusing_runner.requests) == ["a"] and refusing_runner.requests["a"].num_computed_tokens == 0
 
 
 def test_integer_tensors_and_numpy_style_ints_are_token_ids(runner: ModelRunner) -> None:
