@@ -19,8 +19,9 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
 
 pytestmark = pytest.mark.e2e
