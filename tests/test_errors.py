@@ -73,11 +73,15 @@ CONFIG = ToyConfig(layers=("sconv", "attn"), hidden_size=16, max_num_reqs=2, max
                    capture_sizes=(1, 2))
 
 
-@pytest.fixture
-def runner() -> ModelRunner:
+def _runner_with_one_request() -> ModelRunner:
     r = ModelRunner(CONFIG, "full")
     r.add_request("a")
     return r
+
+
+@pytest.fixture
+def runner() -> ModelRunner:
+    return _runner_with_one_request()
 
 
 RUNNER_CASES = {
@@ -122,9 +126,7 @@ STEP_CASES = {
 def refusing_runner() -> ModelRunner:
     """One runner for every refused step (a compiled runner per case would cost a trace each): each case
     also checks that the refusal left it as it was."""
-    r = ModelRunner(CONFIG, "full")
-    r.add_request("a")
-    return r
+    return _runner_with_one_request()
 
 
 @pytest.mark.parametrize("case", list(STEP_CASES))
