@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
-from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
 
 pytestmark = pytest.mark.e2e
 skip_without_chromium()

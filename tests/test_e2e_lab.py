@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
 from lab_notebook import LabTab, NotebookRun
 from lab_server import LabServer
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro
+from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro, widgets
 from cglab.bench import BenchConfig, run_bench
 from cglab.draw import (
     describe_environment,
@@ -24,7 +24,6 @@ from cglab.draw import (
     draw_graph_anatomy,
     draw_padding,
 )
-from cglab import widgets
 from cglab.widgets import (
     _interactive,
     cached_repro,
