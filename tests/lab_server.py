@@ -21,11 +21,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from lab_notebook import NotebookRun
 
 # User settings, per plugin. Windowing "none": the default modes attach only the cells near the
 # viewport, and a widget that is not attached is not rendered, so it could be neither checked nor
@@ -36,6 +39,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
 }
 START_TIMEOUT_S = 60.0
+# A race in jupyter_server (2.21): a starting kernel is listed one event-loop turn before its
+# last_activity is set, and GET /api/kernels in that turn fails with 500 and this error in the log.
+# Lab polls that list and simply asks again, so a learner sees nothing; the page logs a failed load.
+KERNEL_LIST_RACE = "'last_activity' trait of a ServerKernelManager instance expected a datetime, not the NoneType"
+SERVER_ERROR_IN_PAGE = ("console error: Failed to load resource: the server responded with a status of 500 "
+                        "(Internal Server Error)")
 # No proxy: one set in the environment would not reach the server on 127.0.0.1.
 _LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -111,6 +120,14 @@ class LabServer:
         raise RuntimeError(f"jupyter lab did not answer within {START_TIMEOUT_S:.0f} s:\n"
                            f"{self.log.read_text()[-3000:]}")
 
+    def kernel_list_races(self) -> int:
+        """How many of the server's 500 answers were the kernel-list race (``KERNEL_LIST_RACE``): only
+        those where every 500 in its log is a GET /api/kernels, each matched by the race's error."""
+        text = self.log.read_text() if self.log.exists() else ""
+        errors = [line for line in text.splitlines() if "ServerApp] 500 " in line]
+        races = text.count(KERNEL_LIST_RACE)
+        return races if errors and len(errors) == races and all(" GET /api/kernels" in e for e in errors) else 0
+
     def _api(self, path: str, method: str = "GET") -> Any:
         request = urllib.request.Request(self.url(path), method=method)
         with _LOOPBACK.open(request, timeout=10) as response:
@@ -142,3 +159,18 @@ class LabServer:
                 process.kill()
         self._process = None
         return leftovers
+
+
+def excuse_kernel_list_races(runs: Iterable[NotebookRun], server: LabServer) -> int:
+    """Drop the page's report of a server error from the runs, once for each 500 that ``server``'s
+    log shows to be the kernel-list race, and no more; return how many were dropped."""
+    allowed, excused = server.kernel_list_races(), 0
+    for run in runs:
+        kept = []
+        for problem in run.problems:
+            if problem == SERVER_ERROR_IN_PAGE and excused < allowed:
+                excused += 1
+            else:
+                kept.append(problem)
+        run.problems = kept
+    return excused

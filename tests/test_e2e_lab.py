@@ -8,6 +8,8 @@ text, a plot that did not load, or an error in the page (``lab_notebook``). Ever
 are then moved, one at a time and in a burst, and the plot must follow (``lab_explorer``). A
 screenshot of each notebook and ``report.txt`` land in ``build/e2e/``. Notebooks are found by glob,
 so a new one is tested without changes here; the server and every kernel are stopped at the end.
+One error in the page is excused, and only as often as the server's log proves it: the failed
+kernel list of a race inside jupyter_server (``lab_server.KERNEL_LIST_RACE``), which Lab retries.
 
 Run it with ``make test-e2e`` (``make test`` runs it when Chromium is installed), or
 ``pytest -m e2e tests/test_e2e_lab.py``; it needs Chromium (Debian: ``apt-get install chromium``,
@@ -41,7 +43,7 @@ from typing import Any
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
 from lab_notebook import LabTab, NotebookRun
-from lab_server import LabServer
+from lab_server import LabServer, excuse_kernel_list_races
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
 
@@ -186,6 +188,9 @@ def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         runs |= asyncio.run(_run_all(queues, {lab: PARALLEL_TABS, without_widgets: 1}))
     finally:
         runs["leftover processes"] = lab.stop() + without_widgets.stop()
+    excused = excuse_kernel_list_races((run for key, run in runs.items() if isinstance(run, NotebookRun)
+                                        and key != SELFTEST_WITHOUT_WIDGETS), lab)
+    excused += excuse_kernel_list_races([runs[SELFTEST_WITHOUT_WIDGETS]], without_widgets)
     with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
         print(f"\nJupyterLab e2e: {time.perf_counter() - start:.0f} s, {_cpu_seconds() - cpu_start:.0f} s of CPU "
               f"(servers, kernels, browser), {PARALLEL_TABS} tabs at a time")
@@ -196,6 +201,9 @@ def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
                               f"({run.explorers} explorers, {run.control_moves} control moves), "
                               f"{len(run.problems)} problems")
                 report += [f"    {problem}" for problem in run.problems]
+        if excused:
+            report.append(f"excused {excused} failed page load(s): jupyter_server's kernel-list race, "
+                          "named in its log (lab_server.KERNEL_LIST_RACE)")
         print("\n".join(f"  {line}" for line in report if not line.startswith("    ")))
         (ARTIFACTS / "report.txt").write_text("\n".join(report) + "\n")
     return runs
