@@ -73,7 +73,7 @@ class InputBatch:
 
     @classmethod
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
-        """A capture batch: query lengths split evenly (the rest on the last request), ``seq_lens`` equal
+        """A capture batch: query lengths split evenly (the rest one token each on the last requests), ``seq_lens`` equal
         to the query lengths, token ids and positions zero."""
         query_lens = dummy_query_lens(num_reqs, num_tokens)
         query_start_loc = [0]

@@ -163,8 +163,8 @@ class CapturedEntry:
 class CaptureStats:
     """What capturing every graph cost, as vLLM logs it at start-up: wall time and memory.
 
-    ``seconds`` includes warmups and, for a compiled model, the compilation that its first warmup
-    triggers. ``memory_bytes``: what the backend reports in use after capture minus before (device
+    ``seconds`` includes the warmups; a compiled model was compiled before, by the runner's profiling
+    run (its first compiled call), so that is not in it. ``memory_bytes``: what the backend reports in use after capture minus before (device
     memory on CUDA, the process's resident memory on the simulator); None where it cannot tell.
     """
 

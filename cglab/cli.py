@@ -48,6 +48,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help="capture with the code from before vLLM PR #49364 (the bug)")
     p.add_argument("--layers", default="sconv,attn,compressor,attn", help="layer pattern, e.g. sconv,attn")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
+    p.add_argument("--python-guards", action="store_true",
+                   help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
+                        "not in their custom op: torch.compile decides it once, when it traces the profiling run")
     p.add_argument("--strict-attention", action="store_true",
                    help="an FA3-like attention kernel that refuses the dummy capture batch")
     p.add_argument("--capture-sizes", type=int_list,
@@ -81,7 +84,7 @@ def _run_repro(args: argparse.Namespace) -> int:
 
     common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor,
               "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
-              "strict_attention": args.strict_attention, "capture_sizes": args.capture_sizes,
+              "python_guards": args.python_guards, "strict_attention": args.strict_attention, "capture_sizes": args.capture_sizes,
               "batch_sizes": args.batch_sizes, "steps": args.steps,
               "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
     if args.num_speculative_tokens == 0:
@@ -105,7 +108,8 @@ def _run_repro(args: argparse.Namespace) -> int:
         return status
     legacy = " with the legacy skip_attn path" if result.legacy_skip_attn else ""
     flavor = f" ({result.piecewise_flavor})" if "piecewise" in result.mode else ""
-    print(f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}, backend {result.backend}")
+    guards = ", guards in plain Python" if args.python_guards else ""
+    print(f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}, backend {result.backend}")
     if result.backend == "sim":
         print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
     print(f"  captured sizes: {result.captured_sizes or 'none'}")

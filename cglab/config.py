@@ -128,11 +128,11 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
 
 
 def dummy_query_lens(num_reqs: int, num_tokens: int) -> list[int]:
-    """The query lengths of a dummy capture batch (``InputBatch.make_dummy``, as vLLM's dummy runs):
-    an even split, the remainder on the last request."""
-    query_lens = [num_tokens // num_reqs] * num_reqs
-    query_lens[-1] += num_tokens % num_reqs
-    return query_lens
+    """The query lengths of a dummy capture batch (``InputBatch.make_dummy``, as model runner v2's): an
+    even split, with the remainder spread one token each over the last ``num_tokens % num_reqs``
+    requests, so no request holds more than ``ceil(num_tokens / num_reqs)`` tokens."""
+    base, extra = divmod(num_tokens, num_reqs)
+    return [base] * (num_reqs - extra) + [base + 1] * extra
 
 
 def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
@@ -204,6 +204,9 @@ class ToyConfig:
     sconv_kernel_size: int = 4  # taps of the short convolution, the current token included
     compress_ratio: int = 4  # the compressor emits one entry every `compress_ratio` tokens
     strict_layers: bool = False  # stateful layers without the `metadata is None` guard
+    # The stateful layers' guard in plain Python in the module's forward (as Inkling and DeepSeek V4 write
+    # it), not inside their custom op: under torch.compile dynamo then decides it once, when it traces.
+    python_guards: bool = False
     strict_attention: bool = False  # an FA3-like attention kernel that refuses the dummy capture batch
     dtype: str = "float32"
     seed: int = 0
@@ -221,9 +224,12 @@ class ToyConfig:
                 f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
                 "so that a compressed group never straddles two blocks")
         check_seed(self.seed)
-        for name in ("strict_layers", "strict_attention"):
+        for name in ("strict_layers", "strict_attention", "python_guards"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.strict_layers and self.python_guards:
+            raise ConfigError("strict_layers drops the stateful layers' None guard and python_guards moves it into "
+                              "their forward: choose one")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
         if not isinstance(self.capture_sizes, (list, tuple)):

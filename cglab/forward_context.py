@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from cglab.config import CUDAGraphMode
 from cglab.errors import MissingMetadataError
 
@@ -53,6 +55,20 @@ def set_forward_context(attn_metadata: dict[str, Any] | None, cg_mode: CUDAGraph
         yield context
     finally:
         _CURRENT.reset(token)  # restores the enclosing context, so nested passes still work
+
+
+@torch.compiler.assume_constant_result
+def forward_context_has_metadata() -> bool:
+    """Whether this step has attention metadata: the check a layer writes in plain Python in its
+    ``forward`` (``ToyConfig(python_guards=True)``, as Inkling and DeepSeek V4 do).
+
+    Eagerly and under breakable capture it is asked at every call. Under torch.compile dynamo asks it
+    once, while it traces, and keeps the answer as a constant in the compiled graph: with guards
+    dropped, nothing ever asks again. vLLM's forward context is a module global, which dynamo reads
+    at trace time in the same way; this one is a ContextVar, which dynamo cannot read, so
+    ``assume_constant_result`` gives the toy that same trace-time decision.
+    """
+    return get_forward_context().attn_metadata is not None
 
 
 def layer_metadata(layer_name: str, strict: bool) -> Any | None:

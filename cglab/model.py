@@ -29,9 +29,9 @@ class DecoderLayer(nn.Module):
         if kind == "attn":
             self.mixer: nn.Module = Attention(config, layer_name)
         elif kind == "sconv":
-            self.mixer = ShortConv(config, layer_name, strict=config.strict_layers)
+            self.mixer = ShortConv(config, layer_name, config.strict_layers, config.python_guards)
         else:
-            self.mixer = Compressor(config, layer_name, strict=config.strict_layers)
+            self.mixer = Compressor(config, layer_name, config.strict_layers, config.python_guards)
         self.mlp = MLP(config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

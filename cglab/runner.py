@@ -150,12 +150,31 @@ class ModelRunner:
                                         compiler=self.compile_backend, check_addresses=self.check_addresses)
                 self.forward_model = CompiledModel(self.model, compiled)
             self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, self.check_addresses, compiled)
-            with torch.inference_mode():
+        with torch.inference_mode():
+            self.profile_run()
+            if self.cudagraph_manager is not None:
                 self.cudagraph_manager.capture(self.create_forward_fn, progress)
 
     @property
     def backend_name(self) -> str:
         return self.cudagraph_manager.backend.name if self.cudagraph_manager else "eager"
+
+    # ------------------------------------------------------------ start-up
+    def profile_run(self) -> None:
+        """One forward over the largest batch with no metadata, before any capture, as vLLM's start-up
+        runs one to measure memory. Layers see ``attn_metadata=None`` and take their profiling branch.
+
+        With the compiled flavor this is the model's first compiled call, so dynamo traces the model
+        here, on a step without metadata: a guard written in plain Python in a layer's ``forward``
+        (``ToyConfig(python_guards=True)``) is decided now, for good. Strict layers have no profiling
+        branch at all (that is what makes them strict), so for them the toy skips this run and lets
+        them fail where the lesson needs it, at capture.
+        """
+        if self.config.strict_layers:
+            return
+        num_tokens = self.config.max_num_tokens
+        with set_forward_context(None, CUDAGraphMode.NONE):
+            self.forward_model(self.input_buffers.input_ids[:num_tokens], self.input_buffers.positions[:num_tokens])
 
     # ------------------------------------------------------------ capture
     def create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:

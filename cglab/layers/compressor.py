@@ -4,7 +4,9 @@ vLLM: ``vllm/models/deepseek_v4/compressor.py``.
 Every token saves a partial state at its slot (``slot_mapping``); the token that completes a group
 of ``ratio`` folds the group into one compressed entry. The layer then reads the compressed entries
 its sequence has so far (a pooled summary of the long context), which is what the model sees. The
-state work is the custom op ``cglab::compressor``, opaque to torch.compile like ``short_conv``.
+state work is the custom op ``cglab::compressor``, opaque to torch.compile like ``short_conv``, with
+the ``metadata is None`` guard inside it: the toy's construction. DeepSeek V4 writes that guard in
+plain Python in ``forward`` and runs breakable graphs; ``python_guard=True`` does the same.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch import nn
 
 from cglab.config import ToyConfig
 from cglab.custom_ops import direct_register_custom_op
-from cglab.forward_context import layer_metadata
+from cglab.forward_context import forward_context_has_metadata, layer_metadata
 from cglab.metadata import CompressorMetadata
 
 
@@ -40,11 +42,12 @@ compressor = direct_register_custom_op("compressor", _compressor,
 
 
 class Compressor(nn.Module):
-    """Pre-norm compressor block. ``strict=True`` drops the profiling guard."""
+    """Pre-norm compressor block. ``strict=True`` drops the profiling guard; ``python_guard=True`` moves it
+    from the op into ``forward``."""
 
-    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False) -> None:
+    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False, python_guard: bool = False) -> None:
         super().__init__()
-        self.layer_name, self.strict = layer_name, strict
+        self.layer_name, self.strict, self.python_guard = layer_name, strict, python_guard
         hidden, ratio = config.hidden_size, config.compress_ratio
         self.norm = nn.RMSNorm(hidden)
         self.kv_proj = nn.Linear(hidden, hidden, bias=False)
@@ -56,9 +59,12 @@ class Compressor(nn.Module):
         self.register_buffer("compressed_cache", torch.zeros(entries + 1, hidden), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.python_guard and not forward_context_has_metadata():
+            return hidden  # a profiling run: save nothing, see nothing (under torch.compile: for good)
         kv = self.kv_proj(self.norm(hidden))
         pooled = torch.empty_like(kv)
-        compressor(kv, pooled, self.state_cache, self.compressed_cache, self.pool_logits, self.layer_name, self.strict)
+        compressor(kv, pooled, self.state_cache, self.compressed_cache, self.pool_logits, self.layer_name,
+                   self.strict or self.python_guard)
         return hidden + self.out_proj(pooled)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

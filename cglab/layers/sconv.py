@@ -3,9 +3,14 @@
 vLLM: the Inkling model's short convolutions (``vllm/models/inkling/...``).
 Each token's conv input is stored at its slot; the conv reads the previous ``kernel_size - 1``
 inputs of the same sequence through the block table. So it needs the slot mapping and the block
-table, just like attention, although it is not attention. The conv itself is the custom op
-``cglab::short_conv``: torch.compile sees one opaque call, so the metadata guard inside it is
-decided whenever the op runs, at capture too, never at tracing.
+table, just like attention, although it is not attention.
+
+Where the ``metadata is None`` guard sits decides which freeze it meets. By default the toy puts it
+inside the custom op ``cglab::short_conv``: torch.compile sees one opaque call, so the guard is
+decided whenever the op runs, at capture too, never at tracing. That is the configuration the toy
+constructs for the bug; Inkling itself writes the guard in plain Python in ``forward`` and runs
+breakable graphs. ``python_guard=True`` does as Inkling does: eagerly and in breakable captures the
+guard is asked at every call, but torch.compile decides it once, when it traces.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from torch import nn
 
 from cglab.config import ToyConfig
 from cglab.custom_ops import direct_register_custom_op
-from cglab.forward_context import layer_metadata
+from cglab.forward_context import forward_context_has_metadata, layer_metadata
 from cglab.metadata import ShortConvMetadata
 
 
@@ -38,11 +43,12 @@ short_conv = direct_register_custom_op("short_conv", _short_conv, mutates_args=(
 
 
 class ShortConv(nn.Module):
-    """Pre-norm depthwise causal convolution block. ``strict=True`` drops the profiling guard."""
+    """Pre-norm depthwise causal convolution block. ``strict=True`` drops the profiling guard;
+    ``python_guard=True`` moves it from the op into ``forward``."""
 
-    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False) -> None:
+    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False, python_guard: bool = False) -> None:
         super().__init__()
-        self.layer_name, self.strict = layer_name, strict
+        self.layer_name, self.strict, self.python_guard = layer_name, strict, python_guard
         hidden = config.hidden_size
         self.norm = nn.RMSNorm(hidden)
         self.in_proj = nn.Linear(hidden, hidden, bias=False)
@@ -52,9 +58,12 @@ class ShortConv(nn.Module):
         self.register_buffer("conv_state", torch.zeros(config.num_slots + 1, hidden), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.python_guard and not forward_context_has_metadata():
+            return hidden  # a profiling run: the block does nothing (under torch.compile: for good)
         x = self.in_proj(self.norm(hidden))
         conv = torch.empty_like(x)
-        short_conv(x, conv, self.conv_state, self.conv_weight, self.layer_name, self.strict)
+        # With the guard in forward the op itself has none: metadata is there whenever it runs.
+        short_conv(x, conv, self.conv_state, self.conv_weight, self.layer_name, self.strict or self.python_guard)
         return hidden + self.out_proj(nn.functional.silu(conv))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
