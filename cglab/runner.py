@@ -19,7 +19,7 @@ from cglab.buffers import BlockTables, InputBuffers
 from cglab.capture import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
 from cglab.config import CUDAGraphMode, ToyConfig, check_positive_int, parse_piecewise_flavor, resolve_splitting_ops
-from cglab.errors import CapacityError, ConfigError
+from cglab.errors import CapacityError, CaptureError, ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphBackend, get_backend
 from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, prepare_attn
@@ -173,8 +173,12 @@ class ModelRunner:
         if self.config.strict_layers:
             return
         num_tokens = self.config.max_num_tokens
-        with set_forward_context(None, CUDAGraphMode.NONE):
-            self.forward_model(self.input_buffers.input_ids[:num_tokens], self.input_buffers.positions[:num_tokens])
+        try:
+            with set_forward_context(None, CUDAGraphMode.NONE):
+                self.forward_model(self.input_buffers.input_ids[:num_tokens], self.input_buffers.positions[:num_tokens])
+        except CaptureError as exc:  # same type, so callers can still tell the rules apart
+            raise type(exc)(f"the profiling run before capture (the model's first compiled call, where torch.compile "
+                            f"traces it) failed: {exc}") from exc
 
     # ------------------------------------------------------------ capture
     def create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:

@@ -24,11 +24,13 @@ def _step(config, buffers, tables, groups, query_lens, seq_lens, blocks, padded_
 
 
 def test_dummy_batch_splits_evenly_and_pads_slots():
+    """8 tokens over 3 requests: 2 each, the 2 left over one each on the last two (model runner v2)."""
     config = ToyConfig()
     buffers, tables, _ = _setup(config)
     batch = InputBatch.make_dummy(3, 8, buffers)
-    assert batch.query_start_loc.tolist() == [0, 2, 4, 8]
-    assert batch.seq_lens.tolist() == [2, 2, 4]
+    assert batch.query_start_loc.tolist() == [0, 2, 5, 8]
+    assert batch.seq_lens.tolist() == [2, 3, 3]
+    assert InputBatch.make_dummy(4, 11, buffers).seq_lens.tolist() == [2, 3, 3, 3]
     assert tables.get_dummy_slot_mappings(8).tolist() == [PAD_SLOT_ID] * 8
 
 

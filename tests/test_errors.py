@@ -178,9 +178,11 @@ def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytes
     fix = _message(lambda: ModelRunner(CONFIG, "piecewise", piecewise_flavor="breakable"), CaptureError)
     assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: host sync during graph capture")
     assert "use torch.where" in fix
-    # Compiled, the same line cannot even be traced: dynamo refuses it before any graph is captured.
+    # Compiled, the same line cannot even be traced: dynamo refuses it in the profiling run, where it
+    # traces the model, before any graph is captured.
     fix = _message(lambda: ModelRunner(CONFIG, "piecewise"), CaptureError)
-    assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: torch.compile could not trace")
+    assert fix.startswith("the profiling run before capture (the model's first compiled call, where torch.compile "
+                          "traces it) failed: torch.compile could not trace")
     assert "piecewise_flavor='breakable'" in fix
 
 
