@@ -9,6 +9,13 @@ between them *is* the bug this suite teaches:
   FULL got capture metadata (``for_capture=True``).
 * ``prepare_inputs_to_capture(..., full_cudagraph)``: after the fix. Metadata is always built, with
   ``for_capture=full_cudagraph``.
+
+The fix gives two reasons. Attention-like ops inside the pieces need metadata to record their work
+at all (the toy's short conv and compressor, whose guard sits inside their custom op: a
+configuration the toy constructs). And the attention at the breaks runs eagerly at capture, on the
+dummy batch, which is prefill-shaped whenever a capture size exceeds ``max_num_reqs``: a builder that
+can build capture metadata only for uniform decode (``AttentionCGSupport``; the toy's ``linear_attn``)
+fails there with ``for_capture=True``, so breakable PIECEWISE changed too, to ``for_capture=False``.
 """
 
 from __future__ import annotations
@@ -44,9 +51,10 @@ def prepare_inputs_to_capture(num_reqs: int, num_tokens: int, input_buffers: Inp
 
     Metadata is always built. FULL graphs get capture-safe metadata (``for_capture=True``). PIECEWISE
     graphs get ordinary metadata (``for_capture=False``): attention runs for real on this dummy batch
-    at its eager break, and attention-like ops inside the segments (sconv, the compressor) need
-    metadata to record their work at all. Fragile: those ops keep reading the *storage* of this
-    metadata at every replay, so ordinary builders must write into persistent buffers.
+    at its eager break, where a builder may be unable to build capture metadata for a prefill-shaped
+    batch, and attention-like ops inside the segments (sconv, the compressor) need metadata to record
+    their work at all. Fragile: those ops keep reading the *storage* of this metadata at every replay,
+    so ordinary builders must write into persistent buffers.
     """
     input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
     attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=full_cudagraph)

@@ -2,7 +2,9 @@
 
 vLLM: ``vllm/forward_context.py``. Layers call ``get_forward_context().attn_metadata`` to find
 their metadata. That keeps model signatures clean, and it is exactly what makes the missing-metadata
-bug possible: a layer cannot tell "profiling run" from "capture with no metadata built".
+bug possible: a layer cannot tell "profiling run" from "capture with no metadata built". When a layer
+asks (inside its custom op, or in plain Python in ``forward``) decides which freeze it meets: at
+capture, or when torch.compile traces (``forward_context_has_metadata``).
 """
 
 from __future__ import annotations
