@@ -37,7 +37,8 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
 
     ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8; given sizes are rounded to multiples of
     ``K + 1``. ``draft_layers``: the drafter's decoder layers after its fusion conv.
-    ``frozen_step_index``: the draft step index as a Python int (vLLM #48892). The rest as ``run_repro``.
+    ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
+    as ``run_repro``.
     """
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(piecewise_flavor)
