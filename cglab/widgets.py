@@ -36,8 +36,12 @@ LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "a
 
 def decode_scenario(runner: ModelRunner, steps: int,
                     prompt_lengths: Sequence[int] = PROMPT_LENGTHS) -> list[torch.Tensor]:
-    """Prefill one request per prompt length (eagerly, as vLLM runs prefills of this shape), then run
-    ``steps`` decode steps over all of them. Returns each decode step's logits."""
+    """Prefill one request per prompt length, then run ``steps`` decode steps over all of them. Returns
+    each decode step's logits.
+
+    The toy prefills eagerly so that every runner's decode steps start from identical caches. vLLM does
+    not run short prefills eagerly: they go through the dispatcher like any batch (PIECEWISE graphs, or
+    eager only above the capture sizes)."""
     vocab = runner.config.vocab_size
     for i, length in enumerate(prompt_lengths):
         runner.add_request(f"req{i}")

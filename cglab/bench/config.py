@@ -37,7 +37,8 @@ def check_bounds(owner: object, bounds: dict[str, tuple[int, int]]) -> None:
 
 def memory_estimate(toy: ToyConfig, n_runners: int) -> int:
     """Rough bytes a run holds: per runner, weights (about 10 hidden^2 per layer), the paged caches
-    (keys and values of every cache slot) and FULL attention's gather of max_model_len keys per request."""
+    (keys and values of every cache slot) and the toy's FULL attention, which gathers max_model_len keys
+    per request."""
     itemsize = 4 if toy.dtype == "float32" else 2
     h = toy.hidden_size
     per_layer = 10 * h * h + 2 * toy.num_blocks * toy.block_size * h + 2 * toy.max_num_reqs * toy.max_model_len * h
@@ -82,9 +83,10 @@ class BenchConfig:
     """What to measure. The defaults are the GPU-sized model: 8 layers, hidden 1024, bf16, batch 1-256.
 
     ``modes=None`` measures every row kind the device can (``cglab.bench.modes``).
-    ``max_model_len`` is small on purpose: a FULL graph's attention reads ``max_model_len`` keys
+    ``max_model_len`` is small on purpose: the toy's FULL graph attention reads ``max_model_len`` keys
     (capture-safe metadata, fixed at capture), PIECEWISE and eager attention read the live
-    ``prompt_len + 1``; a long key range would make the toy's gather, not launching, the story.
+    ``prompt_len + 1``; a long key range would make the toy's gather, not launching, the story. The
+    full key range is a toy artefact: vLLM's kernels stop at the live ``seq_lens``, read on the device.
     Capture sizes equal the batch sizes, so no padding is ever timed.
     """
 

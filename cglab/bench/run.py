@@ -223,8 +223,8 @@ def _row(mode: str, batch_size: int, backend: str, samples: Samples, config: Ben
         launches, kernels, segments, breaks = (math.nan,) * 4
     else:
         launches, kernels, segments, breaks = count_launches(runner, prepared)
-    # FULL graphs (and the peer's) froze capture-safe metadata (the model's whole key range); the others
-    # read the live one.
+    # FULL graphs (and the peer's) froze capture-safe metadata (the model's whole key range, a toy artefact:
+    # vLLM's kernels stop at the live seq_lens); the others read the live one.
     frozen = kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead"
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
     median, p10, p90 = stats(samples.device)

@@ -1,9 +1,14 @@
 """Paged attention, as the custom op ``cglab::unified_attention``: the op PIECEWISE graphs split at.
 
-vLLM: ``vllm/attention/layer.py`` (``unified_attention`` is the op torch.compile splits at) and the
-breakable-graph decorator in ``vllm/compilation/breakable_cudagraph.py``. Under compiled PIECEWISE
-the backend cuts the FX graph around this op; under breakable PIECEWISE its body ends the current
-graph segment. Either way it runs eagerly at every step and reads the live metadata.
+vLLM: ``vllm/model_executor/layers/attention/attention.py`` (``unified_attention_with_output`` is the
+op torch.compile splits at) and the breakable-graph decorator in
+``vllm/compilation/breakable_cudagraph.py``. Under compiled PIECEWISE the backend cuts the FX graph
+around this op; under breakable PIECEWISE its body ends the current graph segment. Either way it runs
+eagerly at every step and reads the live metadata.
+
+The key range is ``max_seq_len`` from the metadata, a host-side width. Capture-safe metadata sets it
+to ``max_model_len``, so a FULL graph's attention reads every key slot up to the model maximum: a toy
+artefact. vLLM's kernels stop at the live ``seq_lens``, which they read on the device.
 """
 
 from __future__ import annotations
@@ -57,13 +62,17 @@ def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 def _refuse_dummy_batch(md: AttentionMetadata, layer_name: str) -> None:
-    """The strict, FA3-like kernel: ordinary metadata must describe a real batch.
+    """The strict attention: ordinary metadata must describe a real batch.
 
-    A fast kernel trusts its metadata: every real token row has a KV slot to write. The dummy capture
-    batch has none (its slot mapping is all PAD_SLOT_ID), and a kernel that indexes with -1 faults on a
-    GPU (vLLM's FlashAttention did, with an illegal address, once PR #49364 ran attention at compiled
-    PIECEWISE capture). Capture-safe metadata (``for_capture=True``) is built for the dummy batch and
-    passes. The check reads the host, so it runs only where attention runs eagerly.
+    The toy's own stand-in for the crash that got PR #49364 reverted (FlashAttention's Hopper kernel
+    hit an illegal address once attention ran at compiled PIECEWISE capture), not a model of a vLLM
+    kernel. It trusts its metadata: every real token row must have a KV slot, and the dummy capture
+    batch has none (its slot mapping is all PAD_SLOT_ID). The public record does not say FA3 rejected
+    that: vLLM's kernels skip rows whose slot is -1, FlashAttention's forward takes no slot mapping,
+    and the reland (#49995) credits #49751, which keeps every dummy request within ``max_model_len``
+    (its regression test names block-table reads out of bounds at capture). Capture-safe metadata
+    (``for_capture=True``) passes. The check reads the host, so it runs only where attention runs
+    eagerly.
     """
     if md.for_capture:
         return

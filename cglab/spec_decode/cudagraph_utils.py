@@ -8,12 +8,15 @@ The drafter has two graph sets, one ``SpeculatorCudaGraphManager`` each:
   and buffers.
 * **draft decode** (the other drafts, one token per request): FULL uniform-decode graphs where the
   target's policy decodes in FULL, otherwise none (PIECEWISE graphs are not supported for draft decode).
+  One graph is replayed per step, vLLM's fallback; vLLM's default fuses the steps into one graph.
 
-Both prepare fresh dummy inputs and metadata for warmup and again for capture (vLLM #44253: metadata
-the warmup had initialised let the capture skip the kernels that initialise it), through
-``prepare_capture_metadata``, the very call the target's capture makes. So the legacy ``skip_attn``
-switch reaches the drafter as it did upstream: compiled PIECEWISE draft prefill captured without
-metadata, while the FULL-only draft decode always got capture metadata.
+Their FULL and breakable captures prepare fresh dummy inputs and metadata for warmup and again for
+capture (vLLM #44253: metadata the warmup had initialised let the capture skip the kernels that
+initialise it); a compiled PIECEWISE draft prefill runs one forward, one set of metadata, for both, as
+the target's does. Either way the metadata comes from ``prepare_capture_metadata``, the very call the
+target's capture makes. So the legacy ``skip_attn`` switch reaches the drafter as it did upstream:
+compiled PIECEWISE draft prefill captured without metadata, while the FULL-only draft decode always
+got capture metadata.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ exactly the target's batch shape and reuses the target's metadata. Row ``p`` pro
 
 How an untrained drafter can propose anything: EAGLE learns to move the target's state one token on.
 The toy does that step by construction. Its first layer, a short convolution over the rows' input
-embeddings (``cglab::short_conv``, the Inkling-style paged conv with the ``metadata is None`` guard),
-computes what changed since the previous row, ``embed(token p+1) - embed(token p)``, and adds it to
-the target's state: ``h(p+1) ~ h(p) + change``. The target's next token depends mostly on its token
-and position embeddings, so that estimate agrees with it most of the time. The subtraction needs the
+embeddings (``cglab::short_conv``, the Inkling-style paged conv, with its ``metadata is None`` guard
+inside the op), computes what changed since the previous row, ``embed(token p+1) - embed(token p)``,
+and adds it to the target's state: ``h(p+1) ~ h(p) + change``. The target's next token depends mostly
+on its token and position embeddings, so that estimate agrees with it most of the time. The subtraction needs the
 previous row's input, which the conv keeps in its state cache: a conv that records its no-op instead
 (the missing-metadata bug) adds the whole embedding on top of ``h(p)``, a state that mixes two tokens,
 and the drafts stop agreeing with the target. Its own decoder layers (``layers``, default one

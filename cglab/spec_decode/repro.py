@@ -32,12 +32,14 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
                    capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
                    frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,
                    device: str = "cpu", **config_overrides: Any) -> ReproResult:
-    """Prefill every prompt eagerly (one request a step), then run ``steps`` speculative steps; step
-    ``i`` serves the first ``batch_sizes[i % len(batch_sizes)]`` requests.
+    """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
+    from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
+    ``batch_sizes[i % len(batch_sizes)]`` requests.
 
     ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8; given sizes are rounded to multiples of
     ``K + 1``. ``draft_layers``: the drafter's decoder layers after its fusion conv.
-    ``frozen_step_index``: the draft step index as a Python int (vLLM #48892). The rest as ``run_repro``.
+    ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
+    as ``run_repro``.
     """
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(piecewise_flavor)

@@ -50,7 +50,7 @@ class SpecDecodeRunner:
     keyword arguments go to the target ``ModelRunner`` (``device``, ``legacy_skip_attn``,
     ``piecewise_flavor``...), and the drafter captures with the same settings.
     ``draft_seed``: the draft layers' weights (default: the config's seed plus one).
-    ``frozen_step_index``: reproduce vLLM #48892 (see ``AutoRegressiveSpeculator``).
+    ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
     """
 
     def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,

@@ -7,7 +7,9 @@ vLLM: ``vllm/v1/worker/gpu/spec_decode/autoregressive/speculator.py``. A proposa
    Same batch shape and same block tables as the target, so it reuses the target's metadata. It
    yields the first draft.
 2. **draft decode**, K - 1 steps of one token per request, each feeding the previous draft and the
-   drafter's own hidden state back (EAGLE).
+   drafter's own hidden state back (EAGLE). Each step replays its own graph, as vLLM's fallback
+   ``_multi_step_decode`` does; vLLM's default records all K - 1 steps in one fused FULL graph
+   (``use_fused_multi_step_decode``, #46849) where the attention backends support it.
 
 A FULL graph records the whole routine (model, picking the rows, argmax, writing the drafts); under
 PIECEWISE only the model's pieces are graphs and the rest runs eagerly, as in vLLM.
@@ -15,9 +17,10 @@ PIECEWISE only the model's pieces are graphs and the rest runs eagerly, as in vL
 Per-step values live in device tensors that the host writes between replays: the rows to sample
 (``last_token_indices``) and the draft step (``current_draft_step``: which column of ``draft_tokens``
 a decode step fills). ``frozen_step_index=True`` passes the step as a Python int instead, and a graph
-freezes a Python value at capture (vLLM #48892: a multi-layer MTP drafter picked its layer with a
-Python ``spec_step_idx``; the PIECEWISE graph captured with 0 replayed layer 0 at every step, and
-acceptance dropped).
+freezes a Python value at capture. That is an analogue, in the toy's FULL draft decode, of vLLM
+#48892: there a multi-layer MTP drafter picks its layer with a Python ``spec_step_idx``, a PIECEWISE
+capture would keep 0 and replay layer 0 at every step, and that is why PIECEWISE was not enabled for
+it.
 """
 
 from __future__ import annotations
