@@ -52,7 +52,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
                         "not in their custom op: torch.compile decides it once, when it traces the profiling run")
     p.add_argument("--strict-attention", action="store_true",
-                   help="an FA3-like attention kernel that refuses the dummy capture batch")
+                   help="the toy's stand-in for the crash behind the revert of #49364: an attention kernel that "
+                        "refuses the dummy capture batch")
     p.add_argument("--capture-sizes", type=int_list,
                    help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those, and given "
                         "sizes are rounded to multiples of K+1)")
@@ -68,7 +69,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                         "reports acceptance_rate and reference_acceptance_rate (the same drafter run eagerly)")
     p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default attn)")
     p.add_argument("--frozen-step-index", action="store_true",
-                   help="the draft step index as a Python int frozen at capture, as in vLLM PR #48892")
+                   help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892, a "
+                        "PIECEWISE matter there)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -207,7 +207,9 @@ class ToyConfig:
     # The stateful layers' guard in plain Python in the module's forward (as Inkling and DeepSeek V4 write
     # it), not inside their custom op: under torch.compile dynamo then decides it once, when it traces.
     python_guards: bool = False
-    strict_attention: bool = False  # an FA3-like attention kernel that refuses the dummy capture batch
+    # The toy's own stand-in for the crash that got #49364 reverted (not a model of FA3): an attention
+    # kernel that refuses ordinary metadata for the dummy capture batch.
+    strict_attention: bool = False
     dtype: str = "float32"
     seed: int = 0
     layer_names: tuple[str, ...] = field(init=False, repr=False)

@@ -100,7 +100,8 @@ class AttentionMetadataBuilder:
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> AttentionMetadata:
         # A FULL graph freezes every host-side number at capture, so capture metadata must fit any
-        # replay: the key range is sized for the longest sequence the model allows.
+        # replay: the key range is sized for the longest sequence the model allows. (A toy artefact:
+        # vLLM's kernels stop at the live seq_lens, which they read on the device.)
         max_seq_len = self.max_model_len if for_capture else common.max_seq_len
         return AttentionMetadata(common.query_start_loc, common.seq_lens, common.block_table_tensor,
                                  common.slot_mapping, common.num_reqs, common.num_actual_tokens,
