@@ -115,7 +115,8 @@ class SchedulerPlan:
 
     The analogue of FlashMLA's scheduler metadata (``tile_scheduler_metadata``): built empty; the
     first kernel call that finds it empty allocates it and plans from the lengths it sees. Whether to
-    plan is a Python decision, so inside a graph it is taken once, at capture.
+    plan is a Python decision, so inside a graph it is taken once, at capture. The kernel reads only
+    the planned blocks: a plan for the current lengths changes nothing, a stale one hides keys.
     """
 
     key_blocks: torch.Tensor | None = None  # [num_reqs]: key blocks each request reads
@@ -133,7 +134,8 @@ class SchedulerPlan:
 
 
 class LazyPlanAttentionMetadataBuilder(AttentionMetadataBuilder):
-    """Attention metadata with an empty ``SchedulerPlan`` that the kernel fills on first use.
+    """Attention metadata with an empty ``SchedulerPlan`` that the kernel fills on first use. One build
+    serves every attention layer of the step, so the first layer plans and the others reuse its plan.
 
     A FULL graph records the planning ops only if its capture finds the plan empty, and then
     re-plans from the live ``seq_lens`` at every replay. If the capture reused the warmup's metadata,
