@@ -145,6 +145,7 @@ class ForwardFnFactory(Protocol):
 
         Called twice per graph, once for warmup and once for capture, each time preparing fresh
         inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that way).
+        ``LazyPlanAttentionMetadataBuilder`` (``cglab.metadata``) is that case, runnable under FULL.
         """
 
 
@@ -234,7 +235,8 @@ class CudaGraphManager:
                                     ) -> tuple[CaptureForward, CapturedGraph, torch.Tensor]:
         """Warm up, then run the compiled forward in PIECEWISE mode: each piece's wrapper captures its
         graph, and the splitting ops between them run for real, on the dummy batch. One forward (one
-        set of metadata) serves both runs, as in vLLM."""
+        set of metadata) serves both runs, as in vLLM.
+        ``LazyPlanAttentionMetadataBuilder`` shows why that is safe: attention runs eagerly, planning every step."""
         assert self.compiled is not None
         forward_fn = create_forward_fn(desc, warmup=False)
         with self.backend.warmup_context():

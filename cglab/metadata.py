@@ -12,7 +12,7 @@ uses since the fix, so this is an assumption every builder must honour (the "fra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -90,6 +90,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int  # the width of the key range the kernel reads
     for_capture: bool = False  # capture-safe metadata, built for the dummy capture batch
+    plan: SchedulerPlan | None = None  # a lazily planned kernel's work plan (LazyPlanAttentionMetadataBuilder)
 
 
 class AttentionMetadataBuilder:
@@ -106,6 +107,45 @@ class AttentionMetadataBuilder:
         return AttentionMetadata(common.query_start_loc, common.seq_lens, common.block_table_tensor,
                                  common.slot_mapping, common.num_reqs, common.num_actual_tokens,
                                  common.max_query_len, max_seq_len, for_capture)
+
+
+# ---------------------------------------------------------------- lazily planned attention
+@dataclass
+class SchedulerPlan:
+    """A kernel's work plan, computed on the kernel's first call and reused by every later call.
+
+    The analogue of FlashMLA's scheduler metadata (``tile_scheduler_metadata``): built empty; the
+    first kernel call that finds it empty allocates it and plans from the lengths it sees. Whether to
+    plan is a Python decision, so inside a graph it is taken once, at capture. The kernel reads only
+    the planned blocks: a plan for the current lengths changes nothing, a stale one hides keys.
+    """
+
+    key_blocks: torch.Tensor | None = None  # [num_reqs]: key blocks each request reads
+
+    @property
+    def ready(self) -> bool:
+        return self.key_blocks is not None
+
+    def blocks_to_read(self, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+        """The key blocks per request: planned from ``seq_lens`` on the first call (tensor ops only,
+        no host sync), the same tensor afterwards."""
+        if self.key_blocks is None:
+            self.key_blocks = torch.div(seq_lens + (block_size - 1), block_size, rounding_mode="floor")
+        return self.key_blocks
+
+
+class LazyPlanAttentionMetadataBuilder(AttentionMetadataBuilder):
+    """Attention metadata with an empty ``SchedulerPlan`` that the kernel fills on first use. One build
+    serves every attention layer of the step, so the first layer plans and the others reuse its plan.
+
+    A FULL graph records the planning ops only if its capture finds the plan empty, and then
+    re-plans from the live ``seq_lens`` at every replay. If the capture reused the warmup's metadata,
+    the plan would be the warmup's, of the dummy batch, for good: why the warmup and the capture each
+    get fresh metadata (vLLM #42444).
+    """
+
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> AttentionMetadata:
+        return replace(super().build(common, for_capture), plan=SchedulerPlan())
 
 
 # ---------------------------------------------------------------- short convolution

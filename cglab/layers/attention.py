@@ -53,6 +53,11 @@ def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     request, position = token_requests_and_positions(md.query_start_loc, md.seq_lens, num_tokens)
     key_pos = torch.arange(md.max_seq_len, device=query.device)  # the kernel's key range: host-side width
     visible = (key_pos[None, :] <= position[:, None]) & (key_pos[None, :] < md.seq_lens[request][:, None])
+    if md.plan is not None:
+        # A lazily planned kernel, like FlashMLA's decode kernel: it plans on its first call (when the
+        # plan is empty), reuses the plan afterwards, and reads only the key blocks the plan gives.
+        key_blocks = md.plan.blocks_to_read(md.seq_lens, block_size)
+        visible = visible & (key_pos[None, :] < key_blocks[request][:, None] * block_size)
     slots = slots_at(md.block_table, request[:, None], key_pos[None, :], block_size)
     keys, values = k_cache[slots], v_cache[slots]  # [tokens, keys, heads, dim]
     values = torch.where(visible[..., None, None], values, 0)
