@@ -7,6 +7,10 @@ Builders derive per-layer index tensors from the common metadata. They write the
 allocated once and return *views*, because a graph captured inside a PIECEWISE segment keeps reading
 the addresses it saw at capture. ``prepare_attn(..., for_capture=False)`` is what PIECEWISE capture
 uses since the fix, so this is an assumption every builder must honour (the "fragile assumption").
+
+Every builder also says which batches it can build *capture* metadata for (``cudagraph_support``,
+vLLM's ``AttentionCGSupport``); ModelRunner lowers the CUDA graph mode to what the least capable one
+supports.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 
 from cglab.buffers import PAD_SLOT_ID
 from cglab.config import LAYER_KINDS, ToyConfig
-from cglab.errors import ConfigError
+from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
+from cglab.errors import ConfigError, MetadataBuildError
 
 if TYPE_CHECKING:
     from cglab.batch import InputBatch
@@ -67,6 +72,8 @@ def slots_at(block_table: torch.Tensor, request: torch.Tensor, position: torch.T
 
 
 class MetadataBuilder(Protocol):
+    cudagraph_support: AttentionCGSupport  # which batches it can build capture metadata for
+
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> Any: ...
 
 
@@ -95,6 +102,8 @@ class AttentionMetadata:
 class AttentionMetadataBuilder:
     """Paged attention reads the common buffers directly: nothing to derive, nothing to allocate."""
 
+    cudagraph_support = AttentionCGSupport.ALWAYS  # capture metadata sized for any replay (max_seq_len)
+
     def __init__(self, config: ToyConfig) -> None:
         self.max_model_len = config.max_model_len
 
@@ -116,6 +125,8 @@ class ShortConvMetadata:
 
 class ShortConvMetadataBuilder(_PersistentBuilder):
     """Slots of each token's previous ``kernel_size - 1`` conv inputs, in the paged conv-state cache."""
+
+    cudagraph_support = AttentionCGSupport.ALWAYS  # per-token slots: any batch shape
 
     def __init__(self, config: ToyConfig, device: torch.device) -> None:
         self.kernel_size = config.sconv_kernel_size
@@ -144,6 +155,8 @@ class CompressorMetadata:
 
 class CompressorMetadataBuilder(_PersistentBuilder):
     """Index math for a compressor that folds every ``ratio`` saved states into one compressed entry."""
+
+    cudagraph_support = AttentionCGSupport.ALWAYS  # per-token slots: any batch shape
 
     def __init__(self, config: ToyConfig, device: torch.device) -> None:
         self.ratio = config.compress_ratio
@@ -248,6 +261,19 @@ def _check_builders(builders: object) -> None:
         if builder is not None and not callable(getattr(builder, "build", None)):
             raise ConfigError(f"builders[{kind!r}] must have a build(common, for_capture) method, got "
                               f"{type(builder).__name__}; pass e.g. ShortConvMetadataBuilder(config, device)")
+        if builder is not None and not isinstance(getattr(builder, "cudagraph_support", None), AttentionCGSupport):
+            raise ConfigError(f"builders[{kind!r}] ({type(builder).__name__}) must say which batches it can build "
+                              "capture metadata for: give it a cudagraph_support attribute, e.g. "
+                              "cudagraph_support = AttentionCGSupport.ALWAYS (the graph mode is lowered from it)")
+
+
+def min_cudagraph_support(attn_groups: Sequence[AttentionGroup]) -> tuple[AttentionCGSupport, str]:
+    """The least capable builder's ``cudagraph_support`` and its class name (the first one on a tie)."""
+    support, name = AttentionCGSupport.ALWAYS, ""
+    for group in attn_groups:
+        if group.builder.cudagraph_support < support or not name:
+            support, name = group.builder.cudagraph_support, type(group.builder).__name__
+    return support, name
 
 
 def prepare_attn(input_batch: InputBatch, block_table: torch.Tensor, slot_mapping: torch.Tensor,
