@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
 
-LAYER_KINDS = ("attn", "sconv", "compressor")
+LAYER_KINDS = ("attn", "sconv", "compressor", "linear_attn")
+# The kinds vLLM would call attention backends: their ops are the default splitting ops (vLLM's
+# defaults list its linear-attention and Mamba ops beside attention).
+ATTENTION_KINDS = ("attn", "linear_attn")
 
 
 class CUDAGraphMode(enum.Enum):
@@ -66,7 +71,8 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
     kinds = tuple(p.strip().lower() for p in parts if p.strip())
     if not kinds:
         raise ConfigError(
-            f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
+            f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' or "
+            f"'linear_attn,attn' "
             f"(valid kinds: {', '.join(LAYER_KINDS)})"
         )
     unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
@@ -78,7 +84,8 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
 
 PIECEWISE_FLAVORS = ("compiled", "breakable")
 # The custom op each layer kind's kernel is; the names a ``splitting_ops`` list may use.
-OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor"}
+OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor",
+              "linear_attn": "cglab::linear_attention"}
 
 
 def parse_piecewise_flavor(value: object) -> str:
@@ -90,7 +97,8 @@ def parse_piecewise_flavor(value: object) -> str:
 
 
 def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor: str = "compiled") -> tuple[str, ...]:
-    """The ops compiled PIECEWISE splits at. ``None``: attention, as vLLM's default (if the model has any).
+    """The ops compiled PIECEWISE splits at. ``None``: the attention ops (``attn``, ``linear_attn``), as
+    vLLM's default (if the model has any).
 
     An explicit list must name ops of this model's layers, and at least one: with none, attention
     would be frozen inside a piece (for one graph over everything, use mode 'full').
@@ -100,7 +108,7 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
         raise ConfigError("splitting_ops applies to piecewise_flavor='compiled'; breakable graphs split where "
                           "the eager-break functions are called (attention)")
     if splitting_ops is None:
-        return tuple(op for op in in_model if op == OP_OF_KIND["attn"])
+        return tuple(op for op in in_model if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
     parts = splitting_ops.split(",") if isinstance(splitting_ops, str) else splitting_ops
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "

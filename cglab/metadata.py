@@ -1,4 +1,4 @@
-"""Attention metadata and its builders, for attention and for the attention-like stateful layers.
+"""Attention metadata and its builders, for attention, linear attention and the attention-like stateful layers.
 
 vLLM: ``CommonAttentionMetadata``, the per-backend metadata builders, and ``prepare_attn`` in
 ``vllm/v1/worker/gpu/model_states/default.py``.
@@ -198,6 +198,50 @@ class CompressorMetadataBuilder(_PersistentBuilder):
                                                                    rounding_mode="floor")
 
 
+# ---------------------------------------------------------------- linear attention
+@dataclass
+class LinearAttentionMetadata:
+    query_start_loc: torch.Tensor  # [num_reqs + 1]
+    seq_lens: torch.Tensor  # [num_reqs]
+    state_indices: torch.Tensor  # [num_reqs]: the state_cache row of each request (its first block)
+    slot_mapping: torch.Tensor  # [num_tokens]: a PAD_SLOT_ID row updates no state
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int  # the kernel's loop count over query offsets, a host int
+
+
+class LinearAttentionMetadataBuilder(_PersistentBuilder):
+    """Where each request's recurrent state lives: one state per request, at its first block.
+
+    Capture metadata only for decode-only batches (``UNIFORM_SINGLE_TOKEN_DECODE``, like vLLM's
+    Mamba builders): the kernel walks a request's tokens one query offset at a time, ``max_query_len``
+    times, and a FULL graph would freeze that count. Ordinary metadata: any batch.
+    """
+
+    cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    def __init__(self, config: ToyConfig, device: torch.device) -> None:
+        self.max_num_reqs = config.max_num_reqs
+        # Allocated once: a FULL graph reads this storage at every replay.
+        self.state_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
+
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> LinearAttentionMetadata:
+        if not can_build_metadata(self.cudagraph_support, num_reqs=common.num_reqs,
+                                  num_tokens=common.num_actual_tokens, max_query_len=common.max_query_len,
+                                  for_capture=for_capture):
+            raise MetadataBuildError(
+                f"{type(self).__name__} cannot build capture metadata (for_capture=True) for a batch of "
+                f"{common.num_actual_tokens} tokens in {common.num_reqs} requests (longest query "
+                f"{common.max_query_len} tokens): its cudagraph_support is {self.cudagraph_support.name}, capture "
+                f"metadata for {self.cudagraph_support.describe()} only. Keep every capture size at or below "
+                f"max_num_reqs ({self.max_num_reqs}) so that capture batches are decode-shaped, or build ordinary "
+                "metadata (for_capture=False) for PIECEWISE capture, as vLLM PR #49364 does")
+        state_indices = self._out("state_indices", common.num_reqs)
+        state_indices.copy_(common.block_table_tensor[:, 0])
+        return LinearAttentionMetadata(common.query_start_loc, common.seq_lens, state_indices, common.slot_mapping,
+                                       common.num_reqs, common.num_actual_tokens, common.max_query_len)
+
+
 def _real_tokens(common: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """Request and position per token row, with padding rows' positions set to -1 (no slot)."""
     request, position = token_requests_and_positions(common.query_start_loc, common.seq_lens, common.num_tokens)
@@ -238,6 +282,7 @@ def build_attn_groups(config: ToyConfig, device: torch.device, builders: dict[st
         "attn": lambda: AttentionMetadataBuilder(config),
         "sconv": lambda: ShortConvMetadataBuilder(config, device),
         "compressor": lambda: CompressorMetadataBuilder(config, device),
+        "linear_attn": lambda: LinearAttentionMetadataBuilder(config, device),
     }
     _check_builders(builders)
     pairs = list(zip(config.layer_names, config.layers)) if layers is None else list(layers)
