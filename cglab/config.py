@@ -129,6 +129,61 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
     return ops
 
 
+def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:
+    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``):
+    breakable graphs always break at it; compiled ones when every attention op of the model is a
+    splitting op."""
+    if flavor == "breakable":
+        return True
+    attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
+    return bool(attention_ops) and attention_ops <= set(splitting_ops)
+
+
+def resolve_cudagraph_mode(mode: CUDAGraphMode, min_support: AttentionCGSupport, *, builder_name: str,
+                           splitting_ops_contain_attention: bool, uniform_decode_query_len: int = 1
+                           ) -> tuple[CUDAGraphMode, str | None]:
+    """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
+    saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
+
+    Mixed FULL graphs need ``ALWAYS``; FULL graphs of any kind need more than ``NEVER``; speculative
+    decoding's uniform FULL graphs (``uniform_decode_query_len`` > 1) need ``UNIFORM_BATCH``. A mode
+    that cannot be lowered to something sensible is a ConfigError that names the remedy.
+    """
+    support = f"{builder_name}'s cudagraph_support is {min_support.name}"
+    notes: list[str] = []
+
+    def lower(to: CUDAGraphMode, why: str) -> CUDAGraphMode:
+        notes.append(f"cudagraph_mode {resolved.name} lowered to {to.name}: {support}; {why}")
+        return to
+
+    resolved = mode
+    if mode is CUDAGraphMode.NONE:
+        return mode, None
+    if mode.mixed_mode() is CUDAGraphMode.FULL and min_support is not AttentionCGSupport.ALWAYS:
+        if min_support is AttentionCGSupport.NEVER:
+            raise ConfigError(f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
+                              "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops")
+        mixed = ("mixed batches run PIECEWISE (attention is outside the graphs)" if splitting_ops_contain_attention
+                 else "mixed batches run eagerly (attention is not a splitting op)")
+        resolved = lower(CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention
+                         else CUDAGraphMode.FULL_DECODE_ONLY,
+                         f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL")
+    if resolved.decode_mode() is CUDAGraphMode.FULL and min_support is AttentionCGSupport.NEVER:
+        resolved = (lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
+                    if splitting_ops_contain_attention else
+                    lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise"))
+    if (resolved.decode_mode() is CUDAGraphMode.FULL and uniform_decode_query_len > 1
+            and min_support < AttentionCGSupport.UNIFORM_BATCH):
+        why = (f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
+               "batches need UNIFORM_BATCH or more")
+        resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
+    if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
+        # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
+        raise ConfigError(f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
+                          "'piecewise', with attention among the splitting ops")
+    return resolved, "; then ".join(notes) or None
+
+
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     """vLLM's default ladder (1, 2, 4, then steps of 8 to 256, then steps of 16), cut at ``max_size``."""
     sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 1025, 16)]
