@@ -1,8 +1,9 @@
 """Linear attention with a recurrent state per request, as the custom op ``cglab::linear_attention``.
 
-vLLM: its linear-attention and Mamba layers (e.g. ``vllm/model_executor/layers/lightning_attn.py``,
-``mamba/``), whose ops are splitting ops and whose metadata builders can build capture metadata for
-decode-only batches (``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``).
+vLLM: its linear-attention and Mamba layers (``vllm/model_executor/layers/mamba/``), whose ops are in
+the default splitting ops and whose metadata builders, like its Mamba builders, build capture metadata
+for decode-only batches only (``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``): the NOTE of PR
+#49364 names linear attention as a backend that "cannot generate capturable metadata for prefill".
 
 Per head a state matrix ``S`` of ``head_dim x head_dim`` carries a request's whole history:
 ``S_t = decay * S_(t-1) + k_t^T v_t`` and ``o_t = q_t S_t``, with ``q`` and ``k`` L2-normalised and a
