@@ -7,12 +7,14 @@ from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatc
 from cglab.buffers import PAD_SLOT_ID, BlockTables, InputBuffers
 from cglab.capture import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
 from cglab.config import CUDAGraphMode, ToyConfig
+from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import (
     AddressChangedError,
     CapacityError,
     CaptureError,
     CglabError,
     ConfigError,
+    MetadataBuildError,
     MissingMetadataError,
 )
 from cglab.forward_context import get_forward_context, set_forward_context
@@ -24,10 +26,10 @@ from cglab.runner import ModelRunner, StepOutput, state_differences
 __version__ = "0.1.0"
 
 __all__ = [
-    "PAD_SLOT_ID", "AddressChangedError", "BatchExecutionDescriptor", "BlockTables", "CUDAGraphMode", "CapacityError",
-    "CaptureError",
-    "CglabError", "ConfigError", "CudaGraphManager", "CudagraphDispatcher", "InputBatch", "InputBuffers",
-    "MissingMetadataError", "ModelRunner", "ReproResult", "StepOutput", "ToyConfig", "ToyTransformer",
-    "get_forward_context", "prepare_attn", "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy",
-    "run_repro", "set_forward_context", "state_differences",
+    "PAD_SLOT_ID", "AddressChangedError", "AttentionCGSupport", "BatchExecutionDescriptor", "BlockTables",
+    "CUDAGraphMode", "CapacityError", "CaptureError", "CglabError", "ConfigError", "CudaGraphManager",
+    "CudagraphDispatcher", "InputBatch", "InputBuffers", "MetadataBuildError", "MissingMetadataError", "ModelRunner",
+    "ReproResult", "StepOutput", "ToyConfig", "ToyTransformer", "get_forward_context", "prepare_attn",
+    "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy", "run_repro", "set_forward_context",
+    "state_differences",
 ]

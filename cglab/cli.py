@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
-from cglab.config import OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
+from cglab.config import LAYER_KINDS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
 from cglab.errors import CglabError, ConfigError
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                                            f"from {', '.join(OP_OF_KIND.values())}")
     p.add_argument("--legacy-skip-attn", action="store_true",
                    help="capture with the code from before vLLM PR #49364 (the bug)")
-    p.add_argument("--layers", default="sconv,attn,compressor,attn", help="layer pattern, e.g. sconv,attn")
+    p.add_argument("--layers", default="sconv,attn,compressor,attn",
+                   help=f"layer pattern, comma-separated kinds from {', '.join(LAYER_KINDS)} (e.g. linear_attn,attn)")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
     p.add_argument("--python-guards", action="store_true",
                    help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
@@ -58,6 +59,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those, and given "
                         "sizes are rounded to multiples of K+1)")
     p.add_argument("--batch-sizes", type=int_list, default=[3, 1, 8], help="decode batch sizes, cycled")
+    p.add_argument("--max-num-reqs", type=int, metavar="N",
+                   help="the engine's request limit, at least the largest batch size (default: that size); a capture "
+                        "size above it makes a prefill-shaped capture batch")
     p.add_argument("--steps", type=int, default=16,
                    help="steps after the eager prefill; with --prefill-chunk, all steps")
     p.add_argument("--prefill-chunk", type=int, default=0,
@@ -86,8 +90,9 @@ def _run_repro(args: argparse.Namespace) -> int:
 
     common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor,
               "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
-              "python_guards": args.python_guards, "strict_attention": args.strict_attention, "capture_sizes": args.capture_sizes,
-              "batch_sizes": args.batch_sizes, "steps": args.steps,
+              "python_guards": args.python_guards, "strict_attention": args.strict_attention,
+              "capture_sizes": args.capture_sizes, "batch_sizes": args.batch_sizes, "max_num_reqs": args.max_num_reqs,
+              "steps": args.steps,
               "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
     if args.num_speculative_tokens == 0:
         if args.draft_layers is not None or args.frozen_step_index:
@@ -114,6 +119,8 @@ def _run_repro(args: argparse.Namespace) -> int:
     print(f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}, backend {result.backend}")
     if result.backend == "sim":
         print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
+    if result.cudagraph_mode_note:
+        print(f"  {result.cudagraph_mode_note}")
     print(f"  captured sizes: {result.captured_sizes or 'none'}")
     if result.error:
         print(f"  ERROR: {result.error}")

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
 
-LAYER_KINDS = ("attn", "sconv", "compressor")
+LAYER_KINDS = ("attn", "sconv", "compressor", "linear_attn")
+# The kinds vLLM would call attention backends: their ops are the default splitting ops (vLLM's
+# defaults list its linear-attention and Mamba ops beside attention).
+ATTENTION_KINDS = ("attn", "linear_attn")
 
 
 class CUDAGraphMode(enum.Enum):
@@ -66,7 +71,8 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
     kinds = tuple(p.strip().lower() for p in parts if p.strip())
     if not kinds:
         raise ConfigError(
-            f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
+            f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' or "
+            f"'linear_attn,attn' "
             f"(valid kinds: {', '.join(LAYER_KINDS)})"
         )
     unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
@@ -78,7 +84,8 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
 
 PIECEWISE_FLAVORS = ("compiled", "breakable")
 # The custom op each layer kind's kernel is; the names a ``splitting_ops`` list may use.
-OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor"}
+OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor",
+              "linear_attn": "cglab::linear_attention"}
 
 
 def parse_piecewise_flavor(value: object) -> str:
@@ -90,7 +97,8 @@ def parse_piecewise_flavor(value: object) -> str:
 
 
 def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor: str = "compiled") -> tuple[str, ...]:
-    """The ops compiled PIECEWISE splits at. ``None``: attention, as vLLM's default (if the model has any).
+    """The ops compiled PIECEWISE splits at. ``None``: the attention ops (``attn``, ``linear_attn``), as
+    vLLM's default (if the model has any).
 
     An explicit list must name ops of this model's layers, and at least one: with none, attention
     would be frozen inside a piece (for one graph over everything, use mode 'full').
@@ -100,7 +108,7 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
         raise ConfigError("splitting_ops applies to piecewise_flavor='compiled'; breakable graphs split where "
                           "the eager-break functions are called (attention)")
     if splitting_ops is None:
-        return tuple(op for op in in_model if op == OP_OF_KIND["attn"])
+        return tuple(op for op in in_model if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
     parts = splitting_ops.split(",") if isinstance(splitting_ops, str) else splitting_ops
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
@@ -119,6 +127,61 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
         raise ConfigError(f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
                           f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op")
     return ops
+
+
+def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:
+    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``):
+    breakable graphs always break at it; compiled ones when every attention op of the model is a
+    splitting op."""
+    if flavor == "breakable":
+        return True
+    attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
+    return bool(attention_ops) and attention_ops <= set(splitting_ops)
+
+
+def resolve_cudagraph_mode(mode: CUDAGraphMode, min_support: AttentionCGSupport, *, builder_name: str,
+                           splitting_ops_contain_attention: bool, uniform_decode_query_len: int = 1
+                           ) -> tuple[CUDAGraphMode, str | None]:
+    """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
+    saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
+
+    Mixed FULL graphs need ``ALWAYS``; FULL graphs of any kind need more than ``NEVER``; speculative
+    decoding's uniform FULL graphs (``uniform_decode_query_len`` > 1) need ``UNIFORM_BATCH``. A mode
+    that cannot be lowered to something sensible is a ConfigError that names the remedy.
+    """
+    support = f"{builder_name}'s cudagraph_support is {min_support.name}"
+    notes: list[str] = []
+
+    def lower(to: CUDAGraphMode, why: str) -> CUDAGraphMode:
+        notes.append(f"cudagraph_mode {resolved.name} lowered to {to.name}: {support}; {why}")
+        return to
+
+    resolved = mode
+    if mode is CUDAGraphMode.NONE:
+        return mode, None
+    if mode.mixed_mode() is CUDAGraphMode.FULL and min_support is not AttentionCGSupport.ALWAYS:
+        if min_support is AttentionCGSupport.NEVER:
+            raise ConfigError(f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
+                              "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops")
+        mixed = ("mixed batches run PIECEWISE (attention is outside the graphs)" if splitting_ops_contain_attention
+                 else "mixed batches run eagerly (attention is not a splitting op)")
+        resolved = lower(CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention
+                         else CUDAGraphMode.FULL_DECODE_ONLY,
+                         f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL")
+    if resolved.decode_mode() is CUDAGraphMode.FULL and min_support is AttentionCGSupport.NEVER:
+        resolved = (lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
+                    if splitting_ops_contain_attention else
+                    lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise"))
+    if (resolved.decode_mode() is CUDAGraphMode.FULL and uniform_decode_query_len > 1
+            and min_support < AttentionCGSupport.UNIFORM_BATCH):
+        why = (f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
+               "batches need UNIFORM_BATCH or more")
+        resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
+    if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
+        # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
+        raise ConfigError(f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
+                          "'piecewise', with attention among the splitting ops")
+    return resolved, "; then ".join(notes) or None
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:

@@ -23,6 +23,11 @@ class MissingMetadataError(CaptureError):
     """A strict stateful layer ran without attention metadata (the loud form of the bug)."""
 
 
+class MetadataBuildError(CaptureError):
+    """A metadata builder cannot build the metadata asked for, e.g. capture metadata for a batch shape
+    its ``cudagraph_support`` does not cover."""
+
+
 class AddressChangedError(CaptureError):
     """A tensor a graph reads was replaced by a new one after capture; the graph would read the old one."""
 

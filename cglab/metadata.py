@@ -1,4 +1,4 @@
-"""Attention metadata and its builders, for attention and for the attention-like stateful layers.
+"""Attention metadata and its builders, for attention, linear attention and the attention-like stateful layers.
 
 vLLM: ``CommonAttentionMetadata``, the per-backend metadata builders, and ``prepare_attn`` in
 ``vllm/v1/worker/gpu/model_states/default.py``.
@@ -7,6 +7,10 @@ Builders derive per-layer index tensors from the common metadata. They write the
 allocated once and return *views*, because a graph captured inside a PIECEWISE segment keeps reading
 the addresses it saw at capture. ``prepare_attn(..., for_capture=False)`` is what PIECEWISE capture
 uses since the fix, so this is an assumption every builder must honour (the "fragile assumption").
+
+Every builder also says which batches it can build *capture* metadata for (``cudagraph_support``,
+vLLM's ``AttentionCGSupport``); ModelRunner lowers the CUDA graph mode to what the least capable one
+supports.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 
 from cglab.buffers import PAD_SLOT_ID
 from cglab.config import LAYER_KINDS, ToyConfig
-from cglab.errors import ConfigError
+from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
+from cglab.errors import ConfigError, MetadataBuildError
 
 if TYPE_CHECKING:
     from cglab.batch import InputBatch
@@ -67,6 +72,8 @@ def slots_at(block_table: torch.Tensor, request: torch.Tensor, position: torch.T
 
 
 class MetadataBuilder(Protocol):
+    cudagraph_support: AttentionCGSupport  # which batches it can build capture metadata for
+
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> Any: ...
 
 
@@ -95,6 +102,8 @@ class AttentionMetadata:
 
 class AttentionMetadataBuilder:
     """Paged attention reads the common buffers directly: nothing to derive, nothing to allocate."""
+
+    cudagraph_support = AttentionCGSupport.ALWAYS  # capture metadata sized for any replay (max_seq_len)
 
     def __init__(self, config: ToyConfig) -> None:
         self.max_model_len = config.max_model_len
@@ -158,6 +167,8 @@ class ShortConvMetadata:
 class ShortConvMetadataBuilder(_PersistentBuilder):
     """Slots of each token's previous ``kernel_size - 1`` conv inputs, in the paged conv-state cache."""
 
+    cudagraph_support = AttentionCGSupport.ALWAYS  # per-token slots: any batch shape
+
     def __init__(self, config: ToyConfig, device: torch.device) -> None:
         self.kernel_size = config.sconv_kernel_size
         self.block_size = config.block_size
@@ -185,6 +196,8 @@ class CompressorMetadata:
 
 class CompressorMetadataBuilder(_PersistentBuilder):
     """Index math for a compressor that folds every ``ratio`` saved states into one compressed entry."""
+
+    cudagraph_support = AttentionCGSupport.ALWAYS  # per-token slots: any batch shape
 
     def __init__(self, config: ToyConfig, device: torch.device) -> None:
         self.ratio = config.compress_ratio
@@ -224,6 +237,50 @@ class CompressorMetadataBuilder(_PersistentBuilder):
         block = table[request, torch.div(safe, self.block_size, rounding_mode="floor")]
         return block * (self.block_size // self.ratio) + torch.div(safe % self.block_size, self.ratio,
                                                                    rounding_mode="floor")
+
+
+# ---------------------------------------------------------------- linear attention
+@dataclass
+class LinearAttentionMetadata:
+    query_start_loc: torch.Tensor  # [num_reqs + 1]
+    seq_lens: torch.Tensor  # [num_reqs]
+    state_indices: torch.Tensor  # [num_reqs]: the state_cache row of each request (its first block)
+    slot_mapping: torch.Tensor  # [num_tokens]: a PAD_SLOT_ID row updates no state
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int  # the kernel's loop count over query offsets, a host int
+
+
+class LinearAttentionMetadataBuilder(_PersistentBuilder):
+    """Where each request's recurrent state lives: one state per request, at its first block.
+
+    Capture metadata only for decode-only batches (``UNIFORM_SINGLE_TOKEN_DECODE``, like vLLM's
+    Mamba builders): the kernel walks a request's tokens one query offset at a time, ``max_query_len``
+    times, and a FULL graph would freeze that count. Ordinary metadata: any batch.
+    """
+
+    cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    def __init__(self, config: ToyConfig, device: torch.device) -> None:
+        self.max_num_reqs = config.max_num_reqs
+        # Allocated once: a FULL graph reads this storage at every replay.
+        self.state_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
+
+    def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> LinearAttentionMetadata:
+        if not can_build_metadata(self.cudagraph_support, num_reqs=common.num_reqs,
+                                  num_tokens=common.num_actual_tokens, max_query_len=common.max_query_len,
+                                  for_capture=for_capture):
+            raise MetadataBuildError(
+                f"{type(self).__name__} cannot build capture metadata (for_capture=True) for a batch of "
+                f"{common.num_actual_tokens} tokens in {common.num_reqs} requests (longest query "
+                f"{common.max_query_len} tokens): its cudagraph_support is {self.cudagraph_support.name}, capture "
+                f"metadata for {self.cudagraph_support.describe()} only. Keep every capture size at or below "
+                f"max_num_reqs ({self.max_num_reqs}) so that capture batches are decode-shaped, or build ordinary "
+                "metadata (for_capture=False) for PIECEWISE capture, as vLLM PR #49364 does")
+        state_indices = self._out("state_indices", common.num_reqs)
+        state_indices.copy_(common.block_table_tensor[:, 0])
+        return LinearAttentionMetadata(common.query_start_loc, common.seq_lens, state_indices, common.slot_mapping,
+                                       common.num_reqs, common.num_actual_tokens, common.max_query_len)
 
 
 def _real_tokens(common: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,6 +323,7 @@ def build_attn_groups(config: ToyConfig, device: torch.device, builders: dict[st
         "attn": lambda: AttentionMetadataBuilder(config),
         "sconv": lambda: ShortConvMetadataBuilder(config, device),
         "compressor": lambda: CompressorMetadataBuilder(config, device),
+        "linear_attn": lambda: LinearAttentionMetadataBuilder(config, device),
     }
     _check_builders(builders)
     pairs = list(zip(config.layer_names, config.layers)) if layers is None else list(layers)
@@ -289,6 +347,19 @@ def _check_builders(builders: object) -> None:
         if builder is not None and not callable(getattr(builder, "build", None)):
             raise ConfigError(f"builders[{kind!r}] must have a build(common, for_capture) method, got "
                               f"{type(builder).__name__}; pass e.g. ShortConvMetadataBuilder(config, device)")
+        if builder is not None and not isinstance(getattr(builder, "cudagraph_support", None), AttentionCGSupport):
+            raise ConfigError(f"builders[{kind!r}] ({type(builder).__name__}) must say which batches it can build "
+                              "capture metadata for: give it a cudagraph_support attribute, e.g. "
+                              "cudagraph_support = AttentionCGSupport.ALWAYS (the graph mode is lowered from it)")
+
+
+def min_cudagraph_support(attn_groups: Sequence[AttentionGroup]) -> tuple[AttentionCGSupport, str]:
+    """The least capable builder's ``cudagraph_support`` and its class name (the first one on a tie)."""
+    support, name = AttentionCGSupport.ALWAYS, ""
+    for group in attn_groups:
+        if group.builder.cudagraph_support < support or not name:
+            support, name = group.builder.cudagraph_support, type(group.builder).__name__
+    return support, name
 
 
 def prepare_attn(input_batch: InputBatch, block_table: torch.Tensor, slot_mapping: torch.Tensor,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
-from cglab.layers import Attention, Compressor, ShortConv
+from cglab.layers import Attention, Compressor, LinearAttention, ShortConv
 
 
 class MLP(nn.Module):
@@ -28,6 +28,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         if kind == "attn":
             self.mixer: nn.Module = Attention(config, layer_name)
+        elif kind == "linear_attn":
+            self.mixer = LinearAttention(config, layer_name)
         elif kind == "sconv":
             self.mixer = ShortConv(config, layer_name, config.strict_layers, config.python_guards)
         else:

@@ -23,8 +23,8 @@ from cglab.config import (
     parse_piecewise_flavor,
     resolve_splitting_ops,
 )
-from cglab.errors import CglabError, ConfigError
-from cglab.runner import HasState, ModelRunner, state_differences
+from cglab.errors import CaptureError, CglabError, ConfigError
+from cglab.runner import HasState, ModelRunner, resolve_runner_cudagraph_mode, state_differences
 
 MAX_STEPS = 10_000
 MAX_POOL = 256
@@ -49,6 +49,10 @@ class ReproResult:
     max_abs_diff: float | None  # replay vs eager logits, over all steps
     state_diverged: bool | None  # any cache/state tensor differs from the reference after the last step
     error: str | None
+    # The policy actually used, after lowering it for builders that support less (as vLLM does at
+    # start-up); empty: the same as ``mode``. In the CLI's JSON contract, after ``prefill_chunk``.
+    cudagraph_mode: str = ""
+    cudagraph_mode_note: str | None = None  # what was lowered and why; None: nothing
     # Not in the CLI's JSON contract; for plots and tests.
     step_diffs: list[float] = field(default_factory=list)
     step_modes: list[str] = field(default_factory=list)
@@ -63,10 +67,14 @@ class ReproResult:
     draft_steps_by_mode: dict[str, dict[str, int]] = field(default_factory=dict)  # {"prefill": {...}, "decode": {...}}
     outputs_identical: bool | None = None  # generated tokens equal the eager run's, as far as both got
 
+    def __post_init__(self) -> None:
+        if not self.cudagraph_mode:
+            self.cudagraph_mode = self.mode
+
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's keys, in its order."""
         keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk",
-                "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error")
+                "cudagraph_mode", "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error")
         if self.num_speculative_tokens:
             keys += ("acceptance_rate", "reference_acceptance_rate")
         data = asdict(self)
@@ -114,9 +122,13 @@ def default_capture_sizes_for(num_speculative_tokens: int) -> tuple[int, ...]:
 
 def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
                  steps: int, seed: int = 0, strict_layers: bool = False, num_speculative_tokens: int = 0,
-                 **overrides: Any) -> ToyConfig:
+                 max_num_reqs: int | None = None, **overrides: Any) -> ToyConfig:
     """A config sized for the scenario: the request pool holds the largest batch asked for, and the
     caches hold every prompt plus every decode step.
+
+    ``max_num_reqs``: the engine's request limit (``ToyConfig.max_num_reqs``), at least the largest
+    batch size; None: the largest batch size. It decides the shape of the capture batches: a capture
+    size above it puts several tokens in one request (a prefill-shaped dummy batch).
 
     With ``num_speculative_tokens`` K a step may add ``K + 1`` tokens to a request, and the capture
     sizes are rounded to multiples of ``K + 1``, as vLLM does (``None``: ``default_capture_sizes_for``).
@@ -135,6 +147,7 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
     if pool > MAX_POOL:
         raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; "
                           "use smaller batch sizes")
+    max_num_reqs = _check_max_num_reqs(max_num_reqs, pool)
     block_size = check_positive_int("block_size", overrides.pop("block_size", 4))
     # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
     max_model_len = _round_up(_MAX_PROMPT + steps * (k + 1) + k, block_size)
@@ -142,11 +155,11 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
         raise ConfigError(f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
                           f"per layer, above the toy's {MAX_SLOTS}; use fewer steps"
                           f"{', fewer speculative tokens' if k else ''} or a smaller largest batch size")
-    _check_capture_fits(capture_sizes, pool, max_model_len)
+    _check_capture_fits(capture_sizes, max_num_reqs, max_model_len, given=max_num_reqs != pool)
     # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
     # capture size (vLLM never captures above its budget).
     budget = max(128, pool + _MAX_PROMPT, pool * (k + 1), *capture_sizes)
-    return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=pool,
+    return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=max_num_reqs,
                      max_model_len=max_model_len, block_size=block_size,
                      num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
                      max_num_batched_tokens=budget, **overrides)
@@ -172,18 +185,29 @@ def _check_sizes(what: str, sizes: Sequence[int]) -> None:
                           "drop it (batches above every capture size run eagerly anyway)")
 
 
-def _check_capture_fits(capture_sizes: Sequence[int], pool: int, max_model_len: int) -> None:
+def _check_max_num_reqs(max_num_reqs: object, pool: int) -> int:
+    if max_num_reqs is None:
+        return pool
+    if isinstance(max_num_reqs, bool) or not isinstance(max_num_reqs, int) or not pool <= max_num_reqs <= MAX_POOL:
+        raise ConfigError(f"max_num_reqs must be an integer from the largest batch size ({pool}) to {MAX_POOL}, "
+                          f"got {max_num_reqs!r}: a step of {pool} requests must fit the engine; raise it or use "
+                          "smaller batch sizes")
+    return max_num_reqs
+
+
+def _check_capture_fits(capture_sizes: Sequence[int], max_num_reqs: int, max_model_len: int, given: bool) -> None:
     """Refuse, in this scenario's terms, a capture size whose capture batch overflows a request
     (ToyConfig refuses it too, but names knobs that repro derives)."""
-    bad = [s for s in capture_sizes if dummy_longest_request(s, pool) > max_model_len]
+    bad = [s for s in capture_sizes if dummy_longest_request(s, max_num_reqs) > max_model_len]
     if bad:
         s = min(bad)
-        first_bad = next(n for n in range(1, s + 1) if dummy_longest_request(n, pool) > max_model_len)
+        first_bad = next(n for n in range(1, s + 1) if dummy_longest_request(n, max_num_reqs) > max_model_len)
+        limit = "max_num_reqs" if given else "the largest batch size"
         raise ConfigError(
-            f"capture size {s} does not fit this scenario: its capture batch puts {dummy_longest_request(s, pool)} "
-            f"tokens in one of {pool} requests (the largest batch size), above the {max_model_len} tokens a request "
-            f"may hold (the longest prompt plus the steps); drop capture sizes above {first_bad - 1}, or raise the "
-            "largest batch size or the steps")
+            f"capture size {s} does not fit this scenario: its capture batch puts "
+            f"{dummy_longest_request(s, max_num_reqs)} tokens in one of {max_num_reqs} requests ({limit}), above the "
+            f"{max_model_len} tokens a request may hold (the longest prompt plus the steps); drop capture sizes above "
+            f"{first_bad - 1}, or raise {limit} or the steps")
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:
@@ -194,10 +218,12 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
                           f"run_repro accepts: {', '.join(allowed)} (it sizes the rest from the scenario)")
 
 
-def make_workload(config: ToyConfig, num_steps_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Prompts of different lengths and each request's decode tokens, from the config's seed."""
+def make_workload(config: ToyConfig, num_steps_tokens: int, num_requests: int | None = None
+                  ) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts of different lengths and each request's decode tokens, from the config's seed, for
+    ``num_requests`` requests (None: ``config.max_num_reqs``)."""
     gen = torch.Generator().manual_seed(config.seed + 1)
-    pool = config.max_num_reqs
+    pool = config.max_num_reqs if num_requests is None else num_requests
     lengths = torch.randint(_MIN_PROMPT, _MAX_PROMPT + 1, (pool,), generator=gen).tolist()
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     decode = torch.randint(0, config.vocab_size, (pool, num_steps_tokens), generator=gen).tolist()
@@ -241,27 +267,36 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
               layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
               capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
               prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
-              **config_overrides: Any) -> ReproResult:
+              max_num_reqs: int | None = None, **config_overrides: Any) -> ReproResult:
     """Run the steps of ``schedule`` (eager prefill then decode, or chunked prefill mixed with
     decode) on a graph runner and on an eager reference. Compare every step's logits and, at the end,
     every cache.
 
-    ``capture_sizes=None`` captures 1, 2, 4 and 8 tokens.
+    ``capture_sizes=None`` captures 1, 2, 4 and 8 tokens. ``max_num_reqs``: the engine's request limit,
+    at least the largest batch size (None: that size; see ``repro_config``).
+    ``result.cudagraph_mode`` is the policy the runner really used, after lowering ``mode`` for
+    builders that support less (``result.cudagraph_mode_note`` says why).
     ``piecewise_flavor``, ``splitting_ops`` and ``uniform_decode_by_shape`` are ``ModelRunner``'s;
     ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(piecewise_flavor)
-    config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, **config_overrides)
-    resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before the reference is built
+    config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
+                          max_num_reqs=max_num_reqs, **config_overrides)
+    # Bad input fails here, before the reference is built.
+    ops = resolve_splitting_ops(splitting_ops, config.layers, flavor)
     _check_prefill_chunk(prefill_chunk, config, batch_sizes)
     result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps,
                          prefill_chunk, {}, None, None, None, tolerance=tolerance(config.dtype))
     reference = ModelRunner(config, "none", device=device)
+    # Known before capture, so a run whose capture fails still says which policy it captured.
+    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(cg_mode, reference.attn_groups,
+                                                                         config.layers, flavor, ops)
+    result.cudagraph_mode = resolved.value
     try:
         runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn,
                              piecewise_flavor=flavor, splitting_ops=splitting_ops,
                              uniform_decode_by_shape=uniform_decode_by_shape)
-    except CglabError as exc:  # a strict layer refusing to capture is a finding, not a crash
+    except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
         result.error = f"{type(exc).__name__}: {exc}"
         if cg_mode is not CUDAGraphMode.NONE:
             result.backend = "cuda" if reference.device.type == "cuda" else "sim"
@@ -269,7 +304,7 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     result.backend = runner.backend_name
     if runner.cudagraph_manager is not None:
         result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
-    prompts, decode = make_workload(config, steps)
+    prompts, decode = make_workload(config, steps, num_requests=max(batch_sizes))
     try:
         for i, prompt in enumerate(prompts):
             for r in (runner, reference):

@@ -18,11 +18,20 @@ from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatc
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.capture import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
-from cglab.config import CUDAGraphMode, ToyConfig, check_positive_int, parse_piecewise_flavor, resolve_splitting_ops
+from cglab.config import (
+    OP_OF_KIND,
+    CUDAGraphMode,
+    ToyConfig,
+    check_positive_int,
+    parse_piecewise_flavor,
+    resolve_cudagraph_mode,
+    resolve_splitting_ops,
+    splitting_ops_contain_attention,
+)
 from cglab.errors import CapacityError, CaptureError, ConfigError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphBackend, get_backend
-from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, prepare_attn
+from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, min_cudagraph_support, prepare_attn
 from cglab.model import ToyTransformer
 from cglab.requests import BlockPool, RequestState
 
@@ -96,6 +105,12 @@ class ModelRunner:
         tables, so every step's metadata covers them too, and the draft prefill reuses it;
         ``return_hidden_states`` appends the model's last hidden states to every output row, for an
         EAGLE-style drafter.
+
+        Where a metadata builder supports less than ``cudagraph_mode`` needs (its ``cudagraph_support``),
+        the mode is lowered before anything is captured, as vLLM does at start-up
+        (``resolve_cudagraph_mode``): ``self.cudagraph_mode`` is the policy actually used and
+        ``self.cudagraph_mode_note`` says what was lowered and why (None: nothing). The note is kept,
+        not warned: the CLI prints it, a notebook shows it where it teaches it.
         """
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
@@ -112,7 +127,7 @@ class ModelRunner:
         check_positive_int("decode_query_len", decode_query_len)
         self.config = config
         self.device = resolve_device(device)
-        self.cudagraph_mode = CUDAGraphMode.parse(cudagraph_mode)
+        requested = CUDAGraphMode.parse(cudagraph_mode)
         self.legacy_skip_attn = legacy_skip_attn
         self.uniform_decode_by_shape = uniform_decode_by_shape
         self.piecewise_flavor = parse_piecewise_flavor(piecewise_flavor)
@@ -126,6 +141,9 @@ class ModelRunner:
                                         config.max_num_tokens, self.device)
         self.attn_groups = build_attn_groups(config, self.device, builders,
                                              [*zip(config.layer_names, config.layers), *draft_layers])
+        # Before the dispatcher and the compile backend: both follow the lowered policy.
+        self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
+            requested, self.attn_groups, config.layers, self.piecewise_flavor, self.splitting_ops, decode_query_len)
         self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, config.capture_sizes, config.max_num_reqs,
                                               decode_query_len)
         self.block_pool = BlockPool(config.num_blocks)
@@ -320,6 +338,26 @@ class ModelRunner:
         """Release the graphs (and, on a GPU, their memory pool). Eager steps still work afterwards."""
         if self.cudagraph_manager is not None:
             self.cudagraph_manager.reset()
+
+
+def resolve_runner_cudagraph_mode(policy: CUDAGraphMode, attn_groups: Sequence[AttentionGroup],
+                                  layers: tuple[str, ...], piecewise_flavor: str, splitting_ops: Sequence[str],
+                                  decode_query_len: int = 1) -> tuple[CUDAGraphMode, str | None]:
+    """The policy a runner with these builders and splitting ops runs ``policy`` as, and the lowering
+    note (``resolve_cudagraph_mode``, from the least capable builder)."""
+    support, builder_name = min_cudagraph_support(attn_groups)
+    contains = splitting_ops_contain_attention(splitting_ops, layers, piecewise_flavor)
+    mode, note = resolve_cudagraph_mode(policy, support, builder_name=builder_name,
+                                        splitting_ops_contain_attention=contains,
+                                        uniform_decode_query_len=decode_query_len)
+    op = OP_OF_KIND["linear_attn"]
+    if (piecewise_flavor == "compiled" and CUDAGraphMode.PIECEWISE in mode.runtime_modes() and "linear_attn" in layers
+            and op not in splitting_ops):
+        # Inside a piece it would replay the capture batch's request count and loop count forever.
+        raise ConfigError(f"{op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
+                          "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
+                          f"dummy batch's size; add {op} to splitting_ops (the default has it)")
+    return mode, note
 
 
 def prepare_inputs(requests: Sequence[RequestState], query_lens: Sequence[int], seq_lens: Sequence[int],

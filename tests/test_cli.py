@@ -8,8 +8,8 @@ import pytest
 
 from cglab.cli import main
 
-KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk", "captured_sizes",
-        "steps_by_mode", "max_abs_diff", "state_diverged", "error"]
+KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk", "cudagraph_mode",
+        "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error"]
 
 
 def _repro_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -22,7 +22,7 @@ def test_repro_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert list(data) == KEYS
     # Plain FULL captures every size (not only up to the 3 requests), so every step replays a graph.
     assert data["backend"] == "sim" and data["captured_sizes"] == {"full": [1, 2, 4, 8]} and data["error"] is None
-    assert data["steps_by_mode"] == {"full": 4}
+    assert data["steps_by_mode"] == {"full": 4} and data["cudagraph_mode"] == "full"  # nothing lowered
     assert data["state_diverged"] is False and data["max_abs_diff"] < 1e-4
 
 

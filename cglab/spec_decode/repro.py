@@ -20,8 +20,9 @@ from typing import Any
 from cglab.config import CUDAGraphMode, check_num_speculative_tokens, parse_piecewise_flavor, resolve_splitting_ops
 from cglab.errors import CglabError, ConfigError
 from cglab.repro import ReproResult, compare_final_state, make_workload, repro_config, tolerance
+from cglab.runner import resolve_runner_cudagraph_mode
 from cglab.spec_decode.draft_model import draft_layer_pairs
-from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput
+from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
 
 
 def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_tokens: int = 2,
@@ -31,7 +32,7 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
                    draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS, strict_layers: bool = False,
                    capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
                    frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,
-                   device: str = "cpu", **config_overrides: Any) -> ReproResult:
+                   device: str = "cpu", max_num_reqs: int | None = None, **config_overrides: Any) -> ReproResult:
     """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
     from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
     ``batch_sizes[i % len(batch_sizes)]`` requests.
@@ -47,13 +48,16 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     if k == 0:
         raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, num_speculative_tokens=k,
-                          **config_overrides)
-    resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before anything is built
-    draft_layer_pairs(draft_layers)
+                          max_num_reqs=max_num_reqs, **config_overrides)
+    ops = resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before anything is built
+    check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
     result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, 0, {},
                          None, None, None, tolerance=tolerance(config.dtype), num_speculative_tokens=k)
     common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
     shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
+    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(
+        cg_mode, shadow.target.attn_groups, config.layers, flavor, ops, decode_query_len=k + 1)
+    result.cudagraph_mode = resolved.value
     try:
         runner = SpecDecodeRunner(config, cg_mode, legacy_skip_attn=legacy_skip_attn, piecewise_flavor=flavor,
                                   splitting_ops=splitting_ops, frozen_step_index=frozen_step_index,
@@ -66,7 +70,7 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     result.backend = runner.backend_name
     if runner.target.cudagraph_manager is not None:
         result.captured_sizes = {m.value: s for m, s in runner.target.cudagraph_manager.captured_sizes.items()}
-    prompts, _ = make_workload(config, steps)
+    prompts, _ = make_workload(config, steps, num_requests=max(batch_sizes))
     engines = (runner, shadow, reference)
     counts = {"runner": [0, 0], "reference": [0, 0]}  # accepted, verified
     try:

@@ -69,6 +69,7 @@ class SpecDecodeRunner:
         if not isinstance(frozen_step_index, bool):
             raise ConfigError(f"frozen_step_index must be True or False, got {frozen_step_index!r}")
         pairs = draft_layer_pairs(draft_layers)
+        check_spec_decode_layers(config.layers, pairs)
         config = dataclasses.replace(config, capture_sizes=adjust_capture_sizes_for_spec_decode(
             config.capture_sizes, k))
         self.config = config
@@ -142,6 +143,16 @@ class SpecDecodeRunner:
     def close(self) -> None:
         self.speculator.close()
         self.target.close()
+
+
+def check_spec_decode_layers(layers: Sequence[str], draft_pairs: Sequence[tuple[str, str]]) -> None:
+    """Refuse ``linear_attn`` in the target or the drafter: its one recurrent state per request would
+    absorb the drafts that verification rejects, with no earlier state to go back to."""
+    if "linear_attn" in layers or any(kind == "linear_attn" for _, kind in draft_pairs):
+        raise ConfigError("speculative decoding does not support linear_attn layers (target or drafter): such a layer "
+                          "keeps one recurrent state per request, which would absorb the rejected drafts, and the toy "
+                          "keeps no per-token states to roll back to; use attn, sconv or compressor layers with "
+                          "speculative tokens")
 
 
 def greedy_decode(runner: ModelRunner, req_id: str, prompt: Sequence[int], num_tokens: int) -> list[int]:
