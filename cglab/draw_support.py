@@ -45,11 +45,12 @@ class CaptureBatchSupport:
         return all(q == 1 for q in self.query_lens)
 
     def describe_batch(self) -> str:
-        """``"8 reqs x 2 tokens"``, ``"7 x 1 + 1 x 5 tokens"``."""
+        """``"8 reqs x 2 tokens"``, ``"2 x 1 + 2 x 2 tokens"`` (the dummy split: the longer requests last)."""
         first, last, n = self.query_lens[0], self.query_lens[-1], len(self.query_lens)
         if first == last:
             return f"{n} req{'s' if n > 1 else ''} x {first} token{'s' if first > 1 else ''}"
-        return f"{n - 1} x {first} + 1 x {last} tokens"
+        longer = self.query_lens.count(last)
+        return f"{n - longer} x {first} + {longer} x {last} tokens"
 
 
 def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[CaptureBatchSupport]:

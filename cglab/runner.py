@@ -106,11 +106,8 @@ class ModelRunner:
         ``return_hidden_states`` appends the model's last hidden states to every output row, for an
         EAGLE-style drafter.
 
-        Where a metadata builder supports less than ``cudagraph_mode`` needs (its ``cudagraph_support``),
-        the mode is lowered before anything is captured, as vLLM does at start-up
-        (``resolve_cudagraph_mode``): ``self.cudagraph_mode`` is the policy actually used and
-        ``self.cudagraph_mode_note`` says what was lowered and why (None: nothing). The note is kept,
-        not warned: the CLI prints it, a notebook shows it where it teaches it.
+        A mode that a builder's ``cudagraph_support`` cannot serve is lowered first, as vLLM does at
+        start-up: ``cudagraph_mode`` is the policy used, ``cudagraph_mode_note`` why (None: as asked).
         """
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
@@ -182,11 +179,10 @@ class ModelRunner:
         """One forward over the largest batch with no metadata, before any capture, as vLLM's start-up
         runs one to measure memory. Layers see ``attn_metadata=None`` and take their profiling branch.
 
-        With the compiled flavor this is the model's first compiled call, so dynamo traces the model
-        here, on a step without metadata: a guard written in plain Python in a layer's ``forward``
-        (``ToyConfig(python_guards=True)``) is decided now, for good. Strict layers have no profiling
-        branch at all (that is what makes them strict), so for them the toy skips this run and lets
-        them fail where the lesson needs it, at capture.
+        With the compiled flavor this is the first compiled call: dynamo traces the model here, without
+        metadata, so a guard in plain Python in ``forward`` (``ToyConfig(python_guards=True)``) is
+        decided now, for good. Strict layers have no profiling branch (that makes them strict): for
+        them the toy skips this run, so that they fail where the lesson needs it, at capture.
         """
         if self.config.strict_layers:
             return

@@ -303,8 +303,8 @@ def test_can_build_metadata_and_the_builder_apply_one_rule(shape: str) -> None:
 def test_capture_support_rows_and_figure() -> None:
     rows = capture_support(4, (8, 1, 6))
     assert [(r.num_tokens, r.query_lens, r.decode_shaped) for r in rows] == [
-        (1, (1,), True), (6, (1, 1, 1, 3), False), (8, (2, 2, 2, 2), False)]
-    assert [r.describe_batch() for r in rows] == ["1 req x 1 token", "3 x 1 + 1 x 3 tokens", "4 reqs x 2 tokens"]
+        (1, (1,), True), (6, (1, 1, 2, 2), False), (8, (2, 2, 2, 2), False)]
+    assert [r.describe_batch() for r in rows] == ["1 req x 1 token", "2 x 1 + 2 x 2 tokens", "4 reqs x 2 tokens"]
     assert [r.old[DECODE] for r in rows] == [True, False, False]
     assert [r.old[UNIFORM] for r in rows] == [True, False, True]
     assert all(all(r.fixed.values()) for r in rows) and not any(r.old[NEVER] for r in rows)
