@@ -72,7 +72,7 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
         result.captured_sizes = {m.value: s for m, s in runner.target.cudagraph_manager.captured_sizes.items()}
     prompts, _ = make_workload(config, steps, num_requests=max(batch_sizes))
     engines = (runner, shadow, reference)
-    counts = {"runner": [0, 0], "reference": [0, 0]}  # accepted, verified
+    outputs: dict[str, list[SpecStepOutput]] = {"runner": [], "reference": []}
     try:
         for i, prompt in enumerate(prompts):
             for engine in engines:
@@ -92,17 +92,15 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
                 _count(result.draft_steps_by_mode.setdefault("decode", {}), desc.cg_mode.value)
             for name, output, per_step in (("runner", out, result.tokens_per_step),
                                            ("reference", ref, result.reference_tokens_per_step)):
-                counts[name][0] += sum(output.num_accepted)
-                counts[name][1] += sum(output.num_drafts)
+                outputs[name].append(output)
                 per_step.append(_tokens_per_request(output))
     except CglabError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         runner.close()
     compare_final_state(result, runner, shadow)
-    if counts["runner"][1]:
-        result.acceptance_rate = counts["runner"][0] / counts["runner"][1]
-        result.reference_acceptance_rate = counts["reference"][0] / counts["reference"][1]
+    result.acceptance_rate = acceptance_rate(outputs["runner"])
+    result.reference_acceptance_rate = acceptance_rate(outputs["reference"])
     result.outputs_identical = all(_agree(runner.outputs[r], reference.outputs[r]) for r in runner.outputs)
     return result
 
@@ -124,6 +122,14 @@ def summarize_spec(result: ReproResult) -> str:
             f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
             f"generated tokens identical to the eager run: {result.outputs_identical}; "
             f"caches that diverged: {', '.join(diverged) or 'none'}")
+
+
+def acceptance_rate(steps: Sequence[SpecStepOutput]) -> float | None:
+    """Accepted drafts over verified drafts, counted in draft tokens over every request of every step
+    (None: no draft was verified). A request verifies K drafts a step: counted per request, the rate
+    would read up to K times too high and could pass 1."""
+    verified = sum(sum(step.num_drafts) for step in steps)
+    return sum(sum(step.num_accepted) for step in steps) / verified if verified else None
 
 
 def _count(counter: dict[str, int], key: str) -> None:
