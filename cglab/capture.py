@@ -240,6 +240,9 @@ class CudaGraphManager:
         assert self.compiled is not None
         forward_fn = create_forward_fn(desc, warmup=False)
         with self.backend.warmup_context():
+            # The warmup every graph gets (PyTorch's advice too): first uses, such as cuBLAS on the capture
+            # stream or a kernel's first launch, happen here rather than inside the capture. On the
+            # simulator nothing initialises lazily, so there it changes no value.
             forward_fn(CUDAGraphMode.NONE)
             with cudagraph_capturing_enabled():
                 output = forward_fn(CUDAGraphMode.PIECEWISE)

@@ -1,6 +1,7 @@
 """A lazily planned attention kernel under graphs: why capture needs fresh metadata, not the warmup's
 (vLLM PR #42444, DeepSeek V4's FlashMLA scheduler metadata)."""
 
+import contextlib
 from collections import Counter
 
 import pytest
@@ -119,3 +120,68 @@ def test_the_planning_ops_by_name():
         # Every attention layer reads the plan, in both; the ordinary builder's graph has no plan at all.
         assert not only_in_first(plain[desc], reused[desc])
         assert only_in_first(reused[desc], plain[desc]) == Counter(["index", "mul", "lt", "__and__"] * 2)
+
+
+class ProcedureRunner(ModelRunner):
+    """Logs what capture does, in order: each forward made for a descriptor, and each run of one, with
+    its mode and whether it ran inside the backend's warmup context (on CUDA: the capture stream)."""
+
+    def __init__(self, *args, **kwargs):
+        self.log = []  # before ModelRunner.__init__, which captures
+        super().__init__(*args, **kwargs)
+
+    def profile_run(self):  # the last thing before capture
+        super().profile_run()
+        self._spy_on_warmups(self.cudagraph_manager.backend)
+
+    def create_forward_fn(self, desc, warmup):
+        forward = super().create_forward_fn(desc, warmup)
+        self.log.append((str(desc), "warmup forward" if warmup else "forward"))
+        run = forward.run
+
+        def logged(cg_mode):
+            self.log.append((str(desc), f"run {cg_mode.name}" + (" (warmup context)" if self._warm else "")))
+            return run(cg_mode)
+
+        forward.run = logged
+        return forward
+
+    def _spy_on_warmups(self, backend):
+        self._warm, original = False, backend.warmup_context
+
+        @contextlib.contextmanager
+        def warmup_context():
+            with original():
+                self._warm = True
+                try:
+                    yield
+                finally:
+                    self._warm = False
+
+        backend.warmup_context = warmup_context
+
+
+def _procedure(desc, *steps):
+    return [(desc, step) for step in steps]
+
+
+def test_every_graph_is_captured_after_one_eager_warmup(device):
+    """vLLM's procedure, per graph: an eager warmup on the dummy batch inside the warmup context, then
+    the capture. FULL graphs (and breakable PIECEWISE) get fresh metadata for the capture, not the
+    warmup's (see the tests above); a compiled PIECEWISE graph runs one forward twice, as in vLLM.
+
+    On the simulator a skipped warmup changes no value: nothing in the toy initialises lazily per
+    size, and the profiling run compiled the model already. The warmup is there for a GPU, where
+    first uses (cuBLAS on the capture stream, a kernel's first launch) must happen outside capture.
+    So this test checks the procedure itself.
+    """
+    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=2, capture_sizes=(1, 2))
+    compiled = ProcedureRunner(config, "full_and_piecewise", device=device).log
+    pw, full = "PIECEWISE(tokens={}, reqs=any)", "FULL(tokens={0}, reqs={0}, uniform=1)"
+    compiled_pw = ("forward", "run NONE (warmup context)", "run PIECEWISE (warmup context)")
+    full_steps = ("warmup forward", "run NONE (warmup context)", "forward", "run FULL")
+    assert compiled == [*_procedure(pw.format(2), *compiled_pw), *_procedure(pw.format(1), *compiled_pw),
+                        *_procedure(full.format(2), *full_steps), *_procedure(full.format(1), *full_steps)]
+    breakable = ProcedureRunner(config, "piecewise", device=device, piecewise_flavor="breakable").log
+    breakable_pw = ("warmup forward", "run NONE (warmup context)", "forward", "run PIECEWISE")
+    assert breakable == [*_procedure(pw.format(2), *breakable_pw), *_procedure(pw.format(1), *breakable_pw)]
