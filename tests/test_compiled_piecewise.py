@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from cglab import CaptureError, ConfigError, CUDAGraphMode, ModelRunner, ToyConfig, run_repro, set_forward_context
+from cglab import (
+    AddressChangedError,
+    BatchExecutionDescriptor,
+    CaptureError,
+    ConfigError,
+    CUDAGraphMode,
+    ModelRunner,
+    ToyConfig,
+    run_repro,
+    set_forward_context,
+)
 from cglab.cli import main
 from cglab.compilation import PiecewiseGraph
+from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
+from cglab.graphs import get_backend
 
 CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
 
@@ -159,3 +172,43 @@ def test_a_wrapper_never_captures_while_serving(device):
     with pytest.raises(CaptureError, match="graphs are only captured at start-up"):
         runner.step({"a": [3]})
     runner.close()
+
+
+def test_the_token_dimension_is_traced_symbolic(device):
+    """One trace serves every size because its token count is a symbol, not the profiling run's 128.
+
+    Traced static, the simulator would still run every size (an FX piece replays its ops on whatever
+    it is given), but inductor on a GPU compiles kernels for the traced size only: every other size
+    would fail its shape checks, or read and write the wrong rows.
+    """
+    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    compiled = runner.cudagraph_manager.compiled
+    # The forward's own inputs (token ids, positions); the others are the model's weights and caches.
+    inputs = [node.meta["example_value"] for node in compiled.split_gm.graph.nodes
+              if node.op == "placeholder" and not node.name.startswith("l_self_")]
+    tokens = [value.shape[0] for value in inputs if isinstance(value, torch.Tensor)]
+    assert len(tokens) == 2 and all(isinstance(n, torch.SymInt) for n in tokens), tokens
+    assert str(tokens[0]) == str(tokens[1])  # one symbol for both
+    runner.close()
+
+
+def test_the_wrappers_own_address_check_names_a_replaced_argument():
+    """vLLM's debug check in the piece wrapper: a tensor argument that lives elsewhere than at capture
+    is refused before the replay that would read the old storage. It sees only the arguments."""
+    backend = get_backend("sim", torch.device("cpu"))
+    wrapper = CUDAGraphWrapper(lambda x: x * 2, backend, "submod_0", check_addresses=True)
+    desc = BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, 4)
+    x = torch.ones(4)
+    with torch.inference_mode(), set_forward_context(None, CUDAGraphMode.PIECEWISE, desc):
+        with cudagraph_capturing_enabled():
+            out = wrapper(x)
+        x.fill_(3)  # written in place: the graph reads it
+        assert wrapper(x) is out and out.tolist() == [6.0] * 4
+        with pytest.raises(AddressChangedError, match=r"submod_0, PIECEWISE\(tokens=4, reqs=any\): tensor "
+                                                      r"argument\(s\) \[0\] live elsewhere than at capture"):
+            wrapper(x.clone())
+        assert wrapper.entries[desc].replays == 1  # the refused call replayed nothing
+        unchecked = CUDAGraphWrapper(lambda x: x * 2, backend, "submod_1")
+        with cudagraph_capturing_enabled():
+            unchecked(x)
+        unchecked(x.clone())  # off (the default on CUDA): the stale replay goes through, silently
