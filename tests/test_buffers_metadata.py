@@ -88,3 +88,30 @@ def test_for_capture_sizes_attention_for_any_replay():
     args = (batch, tables.get_dummy_block_tables(2), tables.get_dummy_slot_mappings(2), groups)
     assert prepare_attn(*args, for_capture=True)["layers.1.attn"].max_seq_len == config.max_model_len
     assert prepare_attn(*args, for_capture=False)["layers.1.attn"].max_seq_len == 1
+
+
+def test_padding_rows_get_no_slot_in_any_stateful_builder():
+    """A padded PIECEWISE step (one request, 1 token padded to 2): the padding row maps to the last
+    request, one past its sequence, so only the real-token count keeps it from reading or writing."""
+    config = ToyConfig()  # sconv kernel 4, compress ratio 4, block size 4
+    buffers, tables, groups = _setup(config)
+    md, _ = _step(config, buffers, tables, groups, [1], [10], [[5, 6, 7]], 2, 1)
+    sconv, comp = md["layers.0.sconv"], md["layers.2.compressor"]
+    assert sconv.tap_slots.tolist() == [[26, 27, 28], [PAD_SLOT_ID] * 3]  # positions 6, 7, 8; padding: none
+    assert comp.compress_slots.tolist() == [PAD_SLOT_ID, PAD_SLOT_ID]  # position 9 completes no group
+    assert comp.group_slots[1].tolist() == [PAD_SLOT_ID] * 4
+    assert comp.visible_slots[0, :3].tolist() == [5, 6, PAD_SLOT_ID]  # the groups of blocks 5 and 6
+    assert comp.visible_slots[1].tolist() == [PAD_SLOT_ID] * comp.visible_slots.shape[1]
+
+
+def test_a_dummy_batch_completes_groups_but_emits_nothing():
+    """One dummy request of 8 tokens (max_num_reqs 1): its 4th and 8th tokens complete compressor
+    groups, but their slots are PAD_SLOT_ID, so no compressed entry may be written anywhere real."""
+    config = ToyConfig(max_num_reqs=1, capture_sizes=(4, 8))
+    buffers, tables, groups = _setup(config)
+    batch = InputBatch.make_dummy(1, 8, buffers)
+    md = prepare_attn(batch, tables.get_dummy_block_tables(1), tables.get_dummy_slot_mappings(8), groups)
+    comp = md["layers.2.compressor"]
+    assert comp.compress_slots.tolist() == [PAD_SLOT_ID] * 8
+    assert (comp.group_slots == PAD_SLOT_ID).all()
+    assert md["layers.0.sconv"].slot_mapping.tolist() == [PAD_SLOT_ID] * 8  # and no conv input is stored
