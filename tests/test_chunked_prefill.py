@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cglab import ModelRunner, ToyConfig, run_repro
+from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
 from cglab.repro import schedule
 
 
@@ -17,6 +17,15 @@ def test_schedule_mixes_prompt_chunks_with_decodes():
     assert not any(eager for _, eager in steps)
     eager_first = list(schedule([[1, 2, 3]], [[9, 8]], batch_sizes=[1], steps=2, prefill_chunk=0))
     assert eager_first == [({"req0": [1, 2, 3]}, True), ({"req0": [9]}, False), ({"req0": [8]}, False)]
+
+
+def test_the_prefill_chunk_leaves_room_for_every_decode_token():
+    """The chunk is a prompt-token budget beside one decode token per running request: with 128 tokens a
+    step and up to 8 requests decoding, a chunk of 120 fits and 121 does not."""
+    with pytest.raises(ConfigError, match=r"prefill_chunk .* to 120 \(what a step holds beside its decode tokens\)"):
+        run_repro("piecewise", batch_sizes=(3, 1, 8), prefill_chunk=121)
+    with pytest.raises(ConfigError, match=r"to 127 "):
+        run_repro("piecewise", batch_sizes=(1,), prefill_chunk=128)
 
 
 def test_full_and_piecewise_hides_the_bug_on_decode_only_traffic(device, replays):

@@ -197,6 +197,10 @@ def test_capture_sizes_rounded_to_the_verification_step():
     assert adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 2) == (3, 6)  # 9 is above the largest given
     assert adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 7) == (8,)
     assert adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 0) == (1, 2, 4, 8)
+    # Up, never down: a graph rounded down would not hold the verification steps it was sized for.
+    assert adjust_capture_sizes_for_spec_decode((4, 10), 2) == (6,)  # 12 is above 10
+    assert adjust_capture_sizes_for_spec_decode((3, 5, 7, 9), 1) == (4, 6, 8)
+    assert adjust_capture_sizes_for_spec_decode((5,), 1) == (2,)  # 6 is above 5: K + 1 alone is left
     with pytest.raises(ConfigError, match="lower num_speculative_tokens to at most 7"):
         adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 8)
 
