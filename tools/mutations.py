@@ -196,7 +196,7 @@ def run_tests(tree: Path, files: tuple[str, ...]) -> tuple[bool, str, float]:
     if done.returncode == 0:
         return True, "", seconds
     output = done.stdout + done.stderr
-    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    failed = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - |$)", output, re.MULTILINE)  # "FAILED <test id> - <why>"
     if failed:
         return False, failed.group(1), seconds
     last = next((line for line in reversed(output.splitlines()) if line.strip()), f"exit {done.returncode}")
