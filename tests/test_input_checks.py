@@ -2,7 +2,9 @@
 
 Regression tests: capture sizes whose dummy capture batch overflows a request's block-table row
 (an IndexError deep in the metadata builders), repro batch sizes above the step's token budget,
-and API arguments of the wrong type that ended in a TypeError or AttributeError.
+API arguments of the wrong type that ended in a TypeError or AttributeError, and repro arguments of
+the wrong type that were checked only after the reference runner was built, or reported as a
+capture failure.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pytest
 import torch
 
 from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
+from cglab.model import ToyTransformer
+from cglab.spec_decode import run_spec_repro
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
@@ -77,3 +81,40 @@ def test_zero_dim_tensor_is_not_a_token_list(runner: ModelRunner) -> None:
 def test_bad_builders_name_the_argument(builders: object, fix: str) -> None:
     with pytest.raises(ConfigError, match=fix):
         ModelRunner(ToyConfig(), "piecewise", builders=builders)  # type: ignore[arg-type]
+
+
+# -- run_repro and run_spec_repro: a wrong argument raises before any work, never becomes a finding ---
+
+WRONG_ARGUMENTS = {
+    "legacy_skip_attn": ("yes", "legacy_skip_attn must be True or False"),
+    "uniform_decode_by_shape": (1, "uniform_decode_by_shape must be True or False"),
+    "strict_layers": ("yes", "strict_layers must be True or False"),
+    "python_guards": ("no", "python_guards must be True or False"),
+    "device": ("tpu", "use 'cpu' or 'cuda'"),
+    "frozen_step_index": ("yes", "frozen_step_index must be True or False"),
+}
+
+
+@pytest.fixture
+def no_model_may_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was built before the arguments were checked")
+
+    monkeypatch.setattr(ToyTransformer, "__init__", refuse)
+
+
+@pytest.mark.usefixtures("no_model_may_be_built")
+@pytest.mark.parametrize(("run", "name"), [(run_repro, n) for n in WRONG_ARGUMENTS if n != "frozen_step_index"]
+                         + [(run_spec_repro, n) for n in WRONG_ARGUMENTS],
+                         ids=lambda v: getattr(v, "__name__", v))
+def test_a_wrong_argument_raises_before_any_runner_is_built(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    value, message = WRONG_ARGUMENTS[name]
+    with pytest.raises(ConfigError, match=message):
+        run("piecewise", layers="attn,attn", steps=2, **{name: value})
+
+
+def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
+    result = run_spec_repro("piecewise", layers="sconv,attn", steps=2, batch_sizes=(1,), legacy_skip_attn=True,
+                            strict_layers=True)
+    assert result.error.startswith("MissingMetadataError: capturing the PIECEWISE")
+    assert result.backend == "sim" and result.cudagraph_mode == "piecewise" and result.max_abs_diff is None
