@@ -24,10 +24,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _items(text: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``. An empty item (``"1,,2"``) is a typo, not a separator: refused."""
+    items = [part.strip() for part in text.split(",")]
+    if any(items) and not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (two commas in a row, or one at an end); "
+                                         "remove it")
+    return [item for item in items if item]
+
+
 def int_list(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]`` (argparse type: its error message names the argument)."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in _items(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
@@ -142,7 +151,7 @@ def _run_repro(args: argparse.Namespace) -> int:
 def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
     """An argparse type for ``"a,b"`` -> ``["a", "b"]``, each name one of ``valid``."""
     def parse(text: str) -> list[str]:
-        names = [part.strip().lower() for part in text.split(",") if part.strip()]
+        names = [name.lower() for name in _items(text)]
         if not names or any(n not in valid for n in names):
             raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(valid)}; got {text!r}")
         return names

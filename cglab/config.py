@@ -62,19 +62,27 @@ class CUDAGraphMode(enum.Enum):
             raise ConfigError(f"unknown CUDA graph mode {value!r}; choose one of: {valid}") from None
 
 
+def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
+    """Refuse ``"a,,b"``: an empty item is a typo (a name or a number left out), not a separator."""
+    if not all(items):
+        raise ConfigError(f"{what} {given!r} has an empty item (two commas in a row, or one at an end); "
+                          "remove it")
+
+
 def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and unknown kinds."""
+    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and items, and unknown kinds."""
     parts = pattern.split(",") if isinstance(pattern, str) else pattern
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, "
                           f"got {pattern!r}")
-    kinds = tuple(p.strip().lower() for p in parts if p.strip())
-    if not kinds:
+    kinds = tuple(p.strip().lower() for p in parts)
+    if not any(kinds):
         raise ConfigError(
             f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' or "
             f"'linear_attn,attn' "
             f"(valid kinds: {', '.join(LAYER_KINDS)})"
         )
+    check_no_empty_item("the layer pattern", pattern, kinds)
     unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
     if unknown:
         raise ConfigError(f"unknown layer kind(s) {', '.join(map(repr, unknown))}; "
@@ -113,11 +121,13 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
                           f"got {splitting_ops!r}")
-    ops = tuple(dict.fromkeys(p.strip() for p in parts if p.strip()))
-    if not ops:
+    names = [p.strip() for p in parts]
+    if not any(names):
         raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at "
                           f"(this model has {', '.join(in_model)}); for one graph over the whole forward "
                           "use mode 'full'")
+    check_no_empty_item("splitting_ops", splitting_ops, names)
+    ops = tuple(dict.fromkeys(names))
     unknown = [op for op in ops if op not in OP_OF_KIND.values()]
     if unknown:
         raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "

@@ -40,6 +40,8 @@ def _message(call, error: type[Exception] = ConfigError) -> str:  # type: ignore
 CONFIG_CASES = {
     "unknown layer kind": (dict(layers="sconv,atn"), "valid kinds: attn, sconv, compressor"),
     "empty layer pattern": (dict(layers=" , "), "empty"),
+    "empty item in the layer pattern": (dict(layers="sconv,,attn"), "'sconv,,attn' has an empty item"),
+    "empty item in a list of kinds": (dict(layers=["sconv", " ", "attn"]), "has an empty item"),
     "layer pattern of the wrong type": (dict(layers=5), "'sconv,attn'"),
     "zero size": (dict(hidden_size=0), "hidden_size must be a positive integer"),
     "float size": (dict(num_blocks=2.5), "num_blocks must be a positive integer"),
@@ -249,6 +251,13 @@ CLI_CASES = {
     "negative seed": (["repro", "--seed", "-1"], "seed must be an integer from 0"),
     "capture size the scenario cannot batch": (["repro", "--capture-sizes", "512"], "drop capture sizes above"),
     "no subcommand": ([], "required"),
+    "empty batch size": (["repro", "--batch-sizes", "1,,2"], "argument --batch-sizes: '1,,2' has an empty item"),
+    "batch sizes ending in a comma": (["repro", "--batch-sizes", "1,2,"], "'1,2,' has an empty item"),
+    "empty capture size": (["repro", "--capture-sizes", "1,,2"], "argument --capture-sizes: '1,,2' has an empty"),
+    "empty layer kind": (["repro", "--layers", "sconv,,ATTN"], "the layer pattern 'sconv,,ATTN' has an empty item"),
+    "empty splitting op": (["repro", "--layers", "sconv,attn", "--splitting-ops", "cglab::unified_attention,,"],
+                           "splitting_ops 'cglab::unified_attention,,' has an empty item"),
+    "empty bench mode": (["bench", "--out", "unused", "--modes", "none,,full"], "argument --modes: 'none,,full' has"),
 }
 if not torch.cuda.is_available():
     CLI_CASES["cuda without a GPU"] = (["repro", "--device", "cuda"], "--device cpu) to run the CPU simulator")

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
+from cglab.bench import BenchConfig
+from cglab.config import parse_layer_pattern, resolve_splitting_ops
 from cglab.model import ToyTransformer
 from cglab.spec_decode import run_spec_repro
 
@@ -118,3 +120,15 @@ def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
                             strict_layers=True)
     assert result.error.startswith("MissingMetadataError: capturing the PIECEWISE")
     assert result.backend == "sim" and result.cudagraph_mode == "piecewise" and result.max_abs_diff is None
+
+
+@pytest.mark.parametrize("call", [
+    lambda: parse_layer_pattern("sconv,attn,"),
+    lambda: resolve_splitting_ops("cglab::unified_attention,,cglab::short_conv", ("sconv", "attn")),
+    lambda: resolve_splitting_ops(["cglab::unified_attention", ""], ("sconv", "attn")),
+    lambda: BenchConfig.quick_preset(modes="none,,full"),
+    lambda: run_repro("piecewise", layers="sconv,attn", splitting_ops="cglab::unified_attention,", steps=2),
+], ids=["layer pattern", "splitting ops string", "splitting ops list", "bench modes", "run_repro"])
+def test_an_empty_list_item_is_refused(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="has an empty item"):
+        call()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cglab.bench.modes import BENCH_MODES, MODE_NAMES, available_modes
-from cglab.config import ToyConfig, parse_layer_pattern
+from cglab.config import ToyConfig, check_no_empty_item, parse_layer_pattern
 from cglab.errors import ConfigError
 
 __all__ = ["LIMIT_NOTE", "MAX_BATCH", "MAX_LAYERS", "MAX_MEMORY_GIB", "BenchConfig", "check_bounds",
@@ -72,7 +72,10 @@ def choose_names(name: str, values: object, valid: tuple[str, ...]) -> tuple[str
     names = values.split(",") if isinstance(values, str) else values
     if not isinstance(names, (list, tuple)) or not all(isinstance(v, str) for v in names):
         raise ConfigError(f"{name} must be names from {', '.join(valid)}, got {values!r}")
-    chosen = {v.strip().lower() for v in names if v.strip()}
+    stripped = [v.strip().lower() for v in names]
+    if any(stripped):
+        check_no_empty_item(name, values, stripped)
+    chosen = set(stripped) - {""}
     if not chosen or not chosen <= set(valid):
         raise ConfigError(f"{name} must be some of {', '.join(valid)}, got {sorted(chosen)}")
     return tuple(v for v in valid if v in chosen)
