@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
-from cglab.config import LAYER_KINDS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
+from cglab.config import LAYER_KINDS, MAX_LAYERS, MAX_SPECULATIVE_TOKENS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
 from cglab.errors import CglabError, ConfigError
 
 if TYPE_CHECKING:
@@ -56,7 +56,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--legacy-skip-attn", action="store_true",
                    help="capture with the code from before vLLM PR #49364 (the bug)")
     p.add_argument("--layers", default="sconv,attn,compressor,attn",
-                   help=f"layer pattern, comma-separated kinds from {', '.join(LAYER_KINDS)} (e.g. linear_attn,attn)")
+                   help=f"layer pattern, comma-separated kinds from {', '.join(LAYER_KINDS)} (e.g. linear_attn,attn), "
+                        f"at most {MAX_LAYERS} layers")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
     p.add_argument("--python-guards", action="store_true",
                    help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
@@ -78,8 +79,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--uniform-decode-by-shape", action="store_true",
                    help="classify uniform decode by batch shape alone, as vLLM did before PR #51865")
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
-                   help="speculative decoding: K drafts per step from an EAGLE-style drafter, verified greedily; "
-                        "reports acceptance_rate and reference_acceptance_rate (the same drafter run eagerly)")
+                   help=f"speculative decoding: K drafts per step (at most {MAX_SPECULATIVE_TOKENS}) from an "
+                        "EAGLE-style drafter, verified greedily; reports acceptance_rate and reference_acceptance_rate "
+                        "(the same drafter run eagerly)")
     p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default attn)")
     p.add_argument("--frozen-step-index", action="store_true",
                    help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892, a "

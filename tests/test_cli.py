@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -67,15 +68,17 @@ def test_repro_json_with_speculative_tokens(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(("argv", "fix"), [
     (["--num-speculative-tokens", "-1"], "at least 0"),
     (["--num-speculative-tokens", "8", "--capture-sizes", "1,2,4,8"], "lower num_speculative_tokens to at most 7"),
-    (["--num-speculative-tokens", "2000"], "use fewer speculative tokens"),
-    (["--num-speculative-tokens", "1000", "--capture-sizes", "1024", "--batch-sizes", "256", "--steps", "10"],
-     "fewer speculative tokens"),
+    (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
+    (["--num-speculative-tokens", "17"], "is above 16"),
+    (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
     (["--frozen-step-index"], "add --num-speculative-tokens"),
     (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
-], ids=["negative", "beyond-capture-sizes", "beyond-every-graph", "beyond-the-caches", "drafter-option-alone",
-        "with-chunked-prefill"])
+], ids=["negative", "beyond-capture-sizes", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches",
+        "drafter-option-alone", "with-chunked-prefill"])
 def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                          fix: str) -> None:
+    started = time.monotonic()
     assert main(["repro", *argv]) == 2
+    assert time.monotonic() - started < 5  # refused before any work: 1000 tokens used to run until killed
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and fix in err, err

@@ -55,6 +55,11 @@ CONFIG_CASES = {
     "huge seed": (dict(seed=2**40), "seed must be an integer from 0"),
     "strict_layers not a bool": (dict(strict_layers="yes"), "True or False"),
     "unknown dtype": (dict(dtype="fp8"), "float32"),
+    "too many layers": (dict(layers=",".join(["sconv", "attn"] * 33)), "66 layers, above the limit of 64"),
+    "huge cache": (dict(num_blocks=10**12), "above the limit of 16 GiB for one engine (a limit cglab sets against "
+                                            "typos, not a hardware limit); lower num_blocks"),
+    "huge logits": (dict(vocab_size=4 * 10**7), "step 19.1 GiB), above the limit"),
+    "huge step": (dict(max_num_batched_tokens=10**8), "lower the tokens of a step (max_num_batched_tokens"),
 }
 
 
@@ -229,6 +234,8 @@ REPRO_CASES = {
     "bad block size": (dict(block_size=0), "block_size must be a positive integer"),
     "unknown mode": (dict(mode="fulll"), "choose one of"),
     "empty layers": (dict(layers=""), "the layer pattern is empty"),
+    "huge hidden size": (dict(hidden_size=10**6), "above the limit of 16 GiB for one engine"),
+    "too many layers": (dict(layers=",".join(["attn"] * 65)), "65 layers, above the limit of 64"),
 }
 
 
@@ -250,6 +257,7 @@ CLI_CASES = {
     "absurd steps": (["repro", "--steps", "1000000000"], "from 1 to 10000"),
     "negative seed": (["repro", "--seed", "-1"], "seed must be an integer from 0"),
     "capture size the scenario cannot batch": (["repro", "--capture-sizes", "512"], "drop capture sizes above"),
+    "300 layers": (["repro", "--layers", ",".join(["sconv", "attn", "compressor"] * 100)], "above the limit of 64"),
     "no subcommand": ([], "required"),
     "empty batch size": (["repro", "--batch-sizes", "1,,2"], "argument --batch-sizes: '1,,2' has an empty item"),
     "batch sizes ending in a comma": (["repro", "--batch-sizes", "1,2,"], "'1,2,' has an empty item"),

@@ -204,13 +204,20 @@ def test_capture_sizes_rounded_to_the_verification_step():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"num_speculative_tokens": 0}, "nothing to draft"),
     ({"num_speculative_tokens": -1}, "at least 0"),
-    ({"num_speculative_tokens": 47}, "use fewer speculative tokens"),
+    ({"num_speculative_tokens": 17}, "above 16, the most the toy drafts per step"),
     ({"num_speculative_tokens": 2, "frozen_step_index": "yes"}, "True or False"),
     ({"num_speculative_tokens": 2, "draft_layers": "attn,mamba"}, "unknown layer kind"),
 ])
 def test_bad_speculative_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         SpecDecodeRunner(ToyConfig(max_model_len=48), "none", **kwargs)
+
+
+def test_speculative_tokens_that_do_not_fit_the_requests_are_refused():
+    with pytest.raises(ConfigError, match="does not fit: a verification step writes 17 tokens"):
+        SpecDecodeRunner(ToyConfig(max_model_len=16), "none", num_speculative_tokens=16)
+    with pytest.raises(ConfigError, match="above 16"):  # before any runner is built
+        run_spec_repro("piecewise", num_speculative_tokens=1000)
 
 
 def test_bad_requests_in_a_step_are_refused():
