@@ -48,9 +48,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence")
     p.add_argument("--mode", type=str.lower, choices=[m.value for m in CUDAGraphMode], default="piecewise",
                    help="a runtime mode or a policy (case does not matter)")
-    p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS), default="compiled",
-                   help="compiled: torch.compile split at --splitting-ops (vLLM's default); breakable: one capture "
-                        "split at the eager breaks")
+    p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS),
+                   help="compiled (the default): torch.compile split at --splitting-ops, as vLLM; breakable: one "
+                        "capture split at the eager breaks. Under FULL: whether the graph records the compiled model")
     p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: the attention op); "
                                            f"from {', '.join(OP_OF_KIND.values())}")
     p.add_argument("--legacy-skip-attn", action="store_true",
@@ -99,21 +99,16 @@ def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
     from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, run_spec_repro
 
-    common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor,
+    _check_repro_switches(args)
+    common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor or "compiled",
               "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
               "python_guards": args.python_guards, "strict_attention": args.strict_attention,
               "capture_sizes": args.capture_sizes, "batch_sizes": args.batch_sizes, "max_num_reqs": args.max_num_reqs,
               "steps": args.steps,
               "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
     if args.num_speculative_tokens == 0:
-        if args.draft_layers is not None or args.frozen_step_index:
-            raise ConfigError("--draft-layers and --frozen-step-index describe the drafter: add "
-                              "--num-speculative-tokens K (K >= 1)")
         result = run_repro(args.mode, prefill_chunk=args.prefill_chunk, **common)
     else:
-        if args.prefill_chunk:
-            raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
-                              "follow an eager prefill; drop one of the two")
         result = run_spec_repro(args.mode, num_speculative_tokens=args.num_speculative_tokens,
                                 draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
                                 frozen_step_index=args.frozen_step_index, **common)
@@ -132,6 +127,9 @@ def _run_repro(args: argparse.Namespace) -> int:
         print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
     if result.cudagraph_mode_note:
         print(f"  {result.cudagraph_mode_note}")
+    if result.legacy_skip_attn and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes():
+        print("  --legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
+              "capture metadata before the fix too")
     print(f"  captured sizes: {result.captured_sizes or 'none'}")
     if result.error:
         print(f"  ERROR: {result.error}")
@@ -148,6 +146,30 @@ def _run_repro(args: argparse.Namespace) -> int:
     if result.acceptance_rate is not None:
         _print_acceptance(result)
     return status
+
+
+# Switches that change only how graphs are captured or replayed; --mode none captures none.
+_GRAPH_SWITCHES = {"legacy_skip_attn": "--legacy-skip-attn", "piecewise_flavor": "--piecewise-flavor",
+                   "splitting_ops": "--splitting-ops", "capture_sizes": "--capture-sizes",
+                   "strict_layers": "--strict-layers", "python_guards": "--python-guards",
+                   "strict_attention": "--strict-attention", "uniform_decode_by_shape": "--uniform-decode-by-shape",
+                   "frozen_step_index": "--frozen-step-index"}
+
+
+def _check_repro_switches(args: argparse.Namespace) -> None:
+    """Refuse, before any work, switches that contradict each other or would change nothing."""
+    if args.mode == "none":
+        given = [flag for name, flag in _GRAPH_SWITCHES.items() if getattr(args, name) not in (None, False)]
+        if given:
+            raise ConfigError(f"--mode none captures no graph, so {' and '.join(given)} would change nothing (the "
+                              f"run compares eager with eager): drop {'them' if len(given) > 1 else 'it'}, or choose "
+                              "a graph mode such as --mode piecewise")
+    if args.num_speculative_tokens == 0 and (args.draft_layers is not None or args.frozen_step_index):
+        raise ConfigError("--draft-layers and --frozen-step-index describe the drafter: add "
+                          "--num-speculative-tokens K (K >= 1)")
+    if args.num_speculative_tokens and args.prefill_chunk:
+        raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
+                          "follow an eager prefill; drop one of the two")
 
 
 def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:

@@ -272,7 +272,10 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     ``result.cudagraph_mode`` is the policy the runner really used, after lowering ``mode`` for
     builders that support less (``result.cudagraph_mode_note`` says why).
     ``piecewise_flavor``, ``splitting_ops`` and ``uniform_decode_by_shape`` are ``ModelRunner``'s;
-    ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
+    ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...).
+    A switch that changes nothing in ``mode`` (any graph switch under ``"none"``, the legacy one under a
+    policy without PIECEWISE graphs) is accepted, so that tables and explorers can set every case alike;
+    the CLI refuses the first and notes the second."""
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(piecewise_flavor)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
