@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
-from cglab.config import LAYER_KINDS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
+from cglab.config import LAYER_KINDS, MAX_LAYERS, MAX_SPECULATIVE_TOKENS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
 from cglab.errors import CglabError, ConfigError
 
 if TYPE_CHECKING:
@@ -24,10 +24,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _items(text: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``. An empty item (``"1,,2"``) is a typo, not a separator: refused."""
+    items = [part.strip() for part in text.split(",")]
+    if any(items) and not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (two commas in a row, or one at an end); "
+                                         "remove it")
+    return [item for item in items if item]
+
+
 def int_list(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]`` (argparse type: its error message names the argument)."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in _items(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
@@ -39,15 +48,16 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence")
     p.add_argument("--mode", type=str.lower, choices=[m.value for m in CUDAGraphMode], default="piecewise",
                    help="a runtime mode or a policy (case does not matter)")
-    p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS), default="compiled",
-                   help="compiled: torch.compile split at --splitting-ops (vLLM's default); breakable: one capture "
-                        "split at the eager breaks")
+    p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS),
+                   help="compiled (the default): torch.compile split at --splitting-ops, as vLLM; breakable: one "
+                        "capture split at the eager breaks. Under FULL: whether the graph records the compiled model")
     p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: the attention op); "
                                            f"from {', '.join(OP_OF_KIND.values())}")
     p.add_argument("--legacy-skip-attn", action="store_true",
                    help="capture with the code from before vLLM PR #49364 (the bug)")
     p.add_argument("--layers", default="sconv,attn,compressor,attn",
-                   help=f"layer pattern, comma-separated kinds from {', '.join(LAYER_KINDS)} (e.g. linear_attn,attn)")
+                   help=f"layer pattern, comma-separated kinds from {', '.join(LAYER_KINDS)} (e.g. linear_attn,attn), "
+                        f"at most {MAX_LAYERS} layers")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
     p.add_argument("--python-guards", action="store_true",
                    help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
@@ -69,8 +79,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--uniform-decode-by-shape", action="store_true",
                    help="classify uniform decode by batch shape alone, as vLLM did before PR #51865")
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
-                   help="speculative decoding: K drafts per step from an EAGLE-style drafter, verified greedily; "
-                        "reports acceptance_rate and reference_acceptance_rate (the same drafter run eagerly)")
+                   help=f"speculative decoding: K drafts per step (at most {MAX_SPECULATIVE_TOKENS}) from an "
+                        "EAGLE-style drafter, verified greedily; reports acceptance_rate and reference_acceptance_rate "
+                        "(the same drafter run eagerly)")
     p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default attn)")
     p.add_argument("--frozen-step-index", action="store_true",
                    help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892, a "
@@ -88,21 +99,16 @@ def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
     from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, run_spec_repro
 
-    common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor,
+    _check_repro_switches(args)
+    common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor or "compiled",
               "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
               "python_guards": args.python_guards, "strict_attention": args.strict_attention,
               "capture_sizes": args.capture_sizes, "batch_sizes": args.batch_sizes, "max_num_reqs": args.max_num_reqs,
               "steps": args.steps,
               "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
     if args.num_speculative_tokens == 0:
-        if args.draft_layers is not None or args.frozen_step_index:
-            raise ConfigError("--draft-layers and --frozen-step-index describe the drafter: add "
-                              "--num-speculative-tokens K (K >= 1)")
         result = run_repro(args.mode, prefill_chunk=args.prefill_chunk, **common)
     else:
-        if args.prefill_chunk:
-            raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
-                              "follow an eager prefill; drop one of the two")
         result = run_spec_repro(args.mode, num_speculative_tokens=args.num_speculative_tokens,
                                 draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
                                 frozen_step_index=args.frozen_step_index, **common)
@@ -121,6 +127,9 @@ def _run_repro(args: argparse.Namespace) -> int:
         print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
     if result.cudagraph_mode_note:
         print(f"  {result.cudagraph_mode_note}")
+    if result.legacy_skip_attn and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes():
+        print("  --legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
+              "capture metadata before the fix too")
     print(f"  captured sizes: {result.captured_sizes or 'none'}")
     if result.error:
         print(f"  ERROR: {result.error}")
@@ -139,10 +148,34 @@ def _run_repro(args: argparse.Namespace) -> int:
     return status
 
 
+# Switches that change only how graphs are captured or replayed; --mode none captures none.
+_GRAPH_SWITCHES = {"legacy_skip_attn": "--legacy-skip-attn", "piecewise_flavor": "--piecewise-flavor",
+                   "splitting_ops": "--splitting-ops", "capture_sizes": "--capture-sizes",
+                   "strict_layers": "--strict-layers", "python_guards": "--python-guards",
+                   "strict_attention": "--strict-attention", "uniform_decode_by_shape": "--uniform-decode-by-shape",
+                   "frozen_step_index": "--frozen-step-index"}
+
+
+def _check_repro_switches(args: argparse.Namespace) -> None:
+    """Refuse, before any work, switches that contradict each other or would change nothing."""
+    if args.mode == "none":
+        given = [flag for name, flag in _GRAPH_SWITCHES.items() if getattr(args, name) not in (None, False)]
+        if given:
+            raise ConfigError(f"--mode none captures no graph, so {' and '.join(given)} would change nothing (the "
+                              f"run compares eager with eager): drop {'them' if len(given) > 1 else 'it'}, or choose "
+                              "a graph mode such as --mode piecewise")
+    if args.num_speculative_tokens == 0 and (args.draft_layers is not None or args.frozen_step_index):
+        raise ConfigError("--draft-layers and --frozen-step-index describe the drafter: add "
+                          "--num-speculative-tokens K (K >= 1)")
+    if args.num_speculative_tokens and args.prefill_chunk:
+        raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
+                          "follow an eager prefill; drop one of the two")
+
+
 def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
     """An argparse type for ``"a,b"`` -> ``["a", "b"]``, each name one of ``valid``."""
     def parse(text: str) -> list[str]:
-        names = [part.strip().lower() for part in text.split(",") if part.strip()]
+        names = [name.lower() for name in _items(text)]
         if not names or any(n not in valid for n in names):
             raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(valid)}; got {text!r}")
         return names

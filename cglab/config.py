@@ -13,6 +13,10 @@ LAYER_KINDS = ("attn", "sconv", "compressor", "linear_attn")
 # The kinds vLLM would call attention backends: their ops are the default splitting ops (vLLM's
 # defaults list its linear-attention and Mamba ops beside attention).
 ATTENTION_KINDS = ("attn", "linear_attn")
+# A forward of 64 layers takes seconds on the CPU simulator (300 took minutes): plenty for a toy.
+MAX_LAYERS = 64
+# Said wherever a size limit refuses a value, so nobody mistakes it for a property of their machine.
+LIMIT_NOTE = "(a limit cglab sets against typos, not a hardware limit)"
 
 
 class CUDAGraphMode(enum.Enum):
@@ -62,19 +66,28 @@ class CUDAGraphMode(enum.Enum):
             raise ConfigError(f"unknown CUDA graph mode {value!r}; choose one of: {valid}") from None
 
 
+def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
+    """Refuse ``"a,,b"``: an empty item is a typo (a name or a number left out), not a separator."""
+    if not all(items):
+        raise ConfigError(f"{what} {given!r} has an empty item (two commas in a row, or one at an end); "
+                          "remove it")
+
+
 def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and unknown kinds."""
+    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and items, unknown kinds, and
+    more than ``MAX_LAYERS`` layers."""
     parts = pattern.split(",") if isinstance(pattern, str) else pattern
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, "
                           f"got {pattern!r}")
-    kinds = tuple(p.strip().lower() for p in parts if p.strip())
-    if not kinds:
-        raise ConfigError(
-            f"the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' or "
-            f"'linear_attn,attn' "
-            f"(valid kinds: {', '.join(LAYER_KINDS)})"
-        )
+    kinds = tuple(p.strip().lower() for p in parts)
+    if not any(kinds):
+        raise ConfigError("the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
+                          f"or 'linear_attn,attn' (valid kinds: {', '.join(LAYER_KINDS)})")
+    check_no_empty_item("the layer pattern", pattern, kinds)
+    if len(kinds) > MAX_LAYERS:
+        raise ConfigError(f"the layer pattern has {len(kinds)} layers, above the limit of {MAX_LAYERS} {LIMIT_NOTE}; "
+                          "use a shorter pattern")
     unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
     if unknown:
         raise ConfigError(f"unknown layer kind(s) {', '.join(map(repr, unknown))}; "
@@ -113,11 +126,13 @@ def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
                           f"got {splitting_ops!r}")
-    ops = tuple(dict.fromkeys(p.strip() for p in parts if p.strip()))
-    if not ops:
+    names = [p.strip() for p in parts]
+    if not any(names):
         raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at "
                           f"(this model has {', '.join(in_model)}); for one graph over the whole forward "
                           "use mode 'full'")
+    check_no_empty_item("splitting_ops", splitting_ops, names)
+    ops = tuple(dict.fromkeys(names))
     unknown = [op for op in ops if op not in OP_OF_KIND.values()]
     if unknown:
         raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "
@@ -204,11 +219,21 @@ def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
     return max(dummy_query_lens(min(num_tokens, max_num_reqs), num_tokens))
 
 
+# Every speculative step runs K - 1 draft decode forwards after its verification: at 16 a repro takes
+# seconds, at 1000 it ran until it was killed. vLLM's drafters usually propose a few.
+MAX_SPECULATIVE_TOKENS = 16
+
+
 def check_num_speculative_tokens(value: object) -> int:
-    """``value`` if it is a count of draft tokens per step (0: no speculative decoding)."""
+    """``value`` if it is a count of draft tokens per step (0: no speculative decoding), at most
+    ``MAX_SPECULATIVE_TOKENS``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"num_speculative_tokens must be an integer of at least 0 (0: no speculative decoding), "
                           f"got {value!r}")
+    if value > MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(f"num_speculative_tokens {value} is above {MAX_SPECULATIVE_TOKENS}, the most the toy drafts "
+                          f"per step {LIMIT_NOTE}: each step runs K - 1 draft decode forwards; use fewer speculative "
+                          "tokens")
     return value
 
 
@@ -234,6 +259,9 @@ def adjust_capture_sizes_for_spec_decode(capture_sizes: tuple[int, ...], num_spe
 
 
 MAX_SEED = 2**32 - 1
+# One engine's weights, caches and largest step. The benchmark's GPU model (8 layers, hidden 1024,
+# bf16) needs well under 1 GiB by ToyConfig.memory_estimate.
+MAX_CONFIG_MEMORY_GIB = 16
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -321,6 +349,36 @@ class ToyConfig:
                 "max_num_reqs, or drop that size")
         object.__setattr__(self, "capture_sizes", tuple(sorted(sizes)))
         object.__setattr__(self, "layer_names", tuple(f"layers.{i}.{k}" for i, k in enumerate(self.layers)))
+        self._check_memory()
+
+    def memory_estimate(self) -> dict[str, int]:
+        """Rough bytes one engine holds: weights; paged caches and per-token index buffers; the largest
+        step's transient tensors (each token gathers up to ``max_model_len`` keys and values)."""
+        h, tokens, n = self.hidden_size, self.max_num_tokens, self.layers.count
+        weights = (2 * self.vocab_size + self.max_model_len + 10 * len(self.layers) * h) * h
+        caches = ((self.num_slots + self.block_size) * h * (2 * n("attn") + n("sconv") + 2 * n("compressor"))
+                  + (self.num_blocks + 1) * h * self.head_dim * n("linear_attn"))
+        groups = self.max_model_len // self.compress_ratio
+        buffers = 8 * (tokens * (self.sconv_kernel_size + self.compress_ratio + groups)
+                       + self.max_num_reqs * self.max_blocks_per_req)
+        step = (tokens * h * (4 + self.sconv_kernel_size * bool(n("sconv")) + 3 * self.max_model_len * bool(n("attn"))
+                              + 2 * groups * bool(n("compressor")))
+                + tokens * self.vocab_size + 3 * self.max_num_reqs * h * self.head_dim * bool(n("linear_attn")))
+        item = 4 if self.dtype == "float32" else 2
+        return {"weights": weights * item, "caches": caches * item + buffers, "step": step * item}
+
+    def _check_memory(self) -> None:
+        parts = self.memory_estimate()
+        total = sum(parts.values()) / 2**30
+        if total > MAX_CONFIG_MEMORY_GIB:
+            remedy = {"weights": "hidden_size, vocab_size, max_model_len or the number of layers",
+                      "caches": "num_blocks, block_size, hidden_size or max_num_batched_tokens",
+                      "step": "the tokens of a step (max_num_batched_tokens, max_num_reqs), max_model_len, "
+                              "hidden_size, vocab_size or sconv_kernel_size"}
+            sizes = ", ".join(f"{name} {value / 2**30:.3g} GiB" for name, value in parts.items())
+            raise ConfigError(f"this ToyConfig needs about {total:.3g} GiB ({sizes}), above the limit of "
+                              f"{MAX_CONFIG_MEMORY_GIB} GiB for one engine {LIMIT_NOTE}; lower "
+                              f"{remedy[max(parts, key=parts.__getitem__)]}")
 
     @property
     def head_dim(self) -> int:

@@ -20,19 +20,27 @@ from matplotlib.patches import Patch
 from cglab.anatomy import Piece, steps_as_pieces
 from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.config import OP_OF_KIND, CUDAGraphMode
+from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["BatchShape", "describe_dispatch", "describe_environment", "describe_requests", "describe_step",
-           "draw_caches", "draw_divergence", "draw_graph_anatomy", "draw_padding"]
+__all__ = ["MAX_PADDING_TOKENS", "BatchShape", "describe_dispatch", "describe_environment", "describe_requests",
+           "describe_step", "draw_caches", "draw_divergence", "draw_graph_anatomy", "draw_padding"]
 
+MAX_PADDING_TOKENS = 10_000  # a padding picture's widest batch: wider only takes longer to draw
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
 _FREE = (1.0, 1.0, 1.0)
 _RESERVED = (0.9, 0.9, 0.9)  # in a request's block, not reached yet
 _MISSING = (0.85, 0.1, 0.1)  # the request reached this slot, yet the cache row was never written
 _EAGER = "#f28e2b"
 _SEGMENT = "#4e79a7"
+
+
+def _expect(value: object, kind: type, what: str) -> None:
+    """A picture's argument of the wrong kind gets one ConfigError saying what to pass instead."""
+    if not isinstance(value, kind):
+        raise ConfigError(f"{what}; got {type(value).__name__}")
 
 
 def _request_colors(n: int) -> list[tuple[float, float, float]]:
@@ -77,6 +85,8 @@ def describe_requests(runner: ModelRunner) -> str:
 
 def describe_step(prepared: PreparedStep) -> str:
     """What a prepared step wrote into the persistent buffers, padding included."""
+    _expect(prepared, PreparedStep, "describe_step takes what ModelRunner.prepare_step returns, e.g. "
+            "describe_step(runner.prepare_step({'req0': [1]}))")
     batch, desc = prepared.input_batch, prepared.descriptor
     slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
     return "\n".join([
@@ -106,6 +116,11 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     never written (the signature of the missing-metadata bug); grey is reserved for later tokens.
     ``highlight_slots`` (this step's slot mapping) are marked with a triangle.
     """
+    _expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
+    if isinstance(highlight_slots, (str, bytes)) or not isinstance(highlight_slots, Sequence) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in highlight_slots):
+        raise ConfigError(f"highlight_slots must be a list of slot numbers, e.g. last_written_slots(runner), "
+                          f"got {highlight_slots!r}")
     config = runner.config
     bs, ratio = config.block_size, config.compress_ratio
     requests = list(runner.requests.values())
@@ -174,6 +189,9 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
     """
     fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
     ax = fig.add_subplot()
+    if not isinstance(graphs, Mapping) or not graphs:
+        raise ConfigError("draw_graph_anatomy takes a dict {label: captured graph} with at least one graph, e.g. "
+                          "{str(d): e.graph for d, e in runner.cudagraph_manager.graphs.items()}")
     rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
     longest = max((sum(p.num_ops for p in pieces if not p.eager) for pieces in rows), default=0)
     eager_width = max(5.0, 0.05 * longest)  # wide enough for its label whatever the scale
@@ -266,7 +284,13 @@ def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: S
 
 
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
-    """The graph size each batch size runs in, and the padded rows it costs (eager past the last size)."""
+    """The graph size each batch size runs in, and the padded rows it costs (eager past the last size),
+    for batches of 1 to ``max_tokens`` tokens (at most ``MAX_PADDING_TOKENS``)."""
+    _expect(dispatcher, CudagraphDispatcher, "draw_padding takes a CudagraphDispatcher, e.g. CudagraphDispatcher("
+            "CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_PADDING_TOKENS:
+        raise ConfigError(f"max_tokens (the largest batch drawn) must be an integer from 1 to {MAX_PADDING_TOKENS}, "
+                          f"got {max_tokens!r}")
     tokens = np.arange(1, max_tokens + 1)
     fig = Figure(figsize=(8, 3.4), dpi=DPI)
     ax = fig.add_subplot()
@@ -297,6 +321,10 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     Both panels share one log scale, from exact agreement (plotted at a floor) to 10, with the
     tolerance marked, so a rounding difference stays small beside a real divergence. A run keeps its
     colour whatever else is drawn: legacy capture red, fixed capture blue."""
+    if not isinstance(results, Mapping) or not results or not all(isinstance(r, ReproResult)
+                                                                  for r in results.values()):
+        raise ConfigError("draw_divergence takes a dict {label: ReproResult} with at least one run, e.g. "
+                          "{'legacy': run_repro(legacy_skip_attn=True), 'fixed': run_repro()}")
     fig = Figure(figsize=(11, 3.6), dpi=DPI)
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale

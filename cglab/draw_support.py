@@ -21,6 +21,7 @@ from matplotlib.patches import Patch
 from cglab.config import check_positive_int, dummy_query_lens
 from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
 from cglab.draw import DPI
+from cglab.errors import ConfigError
 
 __all__ = ["CaptureBatchSupport", "capture_support", "draw_capture_support"]
 
@@ -56,6 +57,9 @@ class CaptureBatchSupport:
 def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[CaptureBatchSupport]:
     """The rows of ``draw_capture_support``, smallest capture size first."""
     check_positive_int("max_num_reqs", max_num_reqs)
+    if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence) or not capture_sizes:
+        raise ConfigError(f"capture_sizes must be a list of at least one token count, e.g. (1, 2, 4, 8), "
+                          f"got {capture_sizes!r}")
     sizes = sorted({check_positive_int("every capture size", s) for s in capture_sizes})
     rows = []
     for size in sizes:

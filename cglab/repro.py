@@ -112,12 +112,7 @@ def default_capture_sizes_for(num_speculative_tokens: int) -> tuple[int, ...]:
     """Repro's default capture sizes: 1, 2, 4, 8, or with K speculative tokens ``K + 1`` times those
     (a verification step holds ``K + 1`` tokens per request)."""
     multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
-    sizes = tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES if multiple * s <= MAX_CAPTURE_SIZE)
-    if not sizes:
-        raise ConfigError(f"num_speculative_tokens {multiple - 1} is too large: one request's verification step "
-                          f"({multiple} tokens) is above the largest graph the toy captures ({MAX_CAPTURE_SIZE}); "
-                          "use fewer speculative tokens")
-    return sizes
+    return tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
 
 
 def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
@@ -277,30 +272,28 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     ``result.cudagraph_mode`` is the policy the runner really used, after lowering ``mode`` for
     builders that support less (``result.cudagraph_mode_note`` says why).
     ``piecewise_flavor``, ``splitting_ops`` and ``uniform_decode_by_shape`` are ``ModelRunner``'s;
-    ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...)."""
+    ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...).
+    A switch that changes nothing in ``mode`` (any graph switch under ``"none"``, the legacy one under a
+    policy without PIECEWISE graphs) is accepted, so that tables and explorers can set every case alike;
+    the CLI refuses the first and notes the second."""
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(piecewise_flavor)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
                           max_num_reqs=max_num_reqs, **config_overrides)
-    # Bad input fails here, before the reference is built.
+    # Bad input fails here, before any runner is built.
     ops = resolve_splitting_ops(splitting_ops, config.layers, flavor)
     _check_prefill_chunk(prefill_chunk, config, batch_sizes)
     result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps,
                          prefill_chunk, {}, None, None, None, tolerance=tolerance(config.dtype))
-    reference = ModelRunner(config, "none", device=device)
-    # Known before capture, so a run whose capture fails still says which policy it captured.
-    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(cg_mode, reference.attn_groups,
-                                                                         config.layers, flavor, ops)
-    result.cudagraph_mode = resolved.value
+    # The graph runner first: it checks its switches and the device before it builds anything.
     try:
         runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn,
                              piecewise_flavor=flavor, splitting_ops=splitting_ops,
                              uniform_decode_by_shape=uniform_decode_by_shape)
     except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
-        result.error = f"{type(exc).__name__}: {exc}"
-        if cg_mode is not CUDAGraphMode.NONE:
-            result.backend = "cuda" if reference.device.type == "cuda" else "sim"
-        return result
+        return failed_capture(result, exc, ModelRunner(config, "none", device=device), ops)
+    result.cudagraph_mode, result.cudagraph_mode_note = runner.cudagraph_mode.value, runner.cudagraph_mode_note
+    reference = ModelRunner(config, "none", device=device)
     result.backend = runner.backend_name
     if runner.cudagraph_manager is not None:
         result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
@@ -323,6 +316,21 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     finally:
         runner.close()
     compare_final_state(result, runner, reference)
+    return result
+
+
+def failed_capture(result: ReproResult, error: CaptureError, eager: ModelRunner, splitting_ops: Sequence[str],
+                   decode_query_len: int = 1) -> ReproResult:
+    """``result`` of a run whose capture raised: the error, the graph backend it captured with, and the
+    policy it captured, lowered from the builders of ``eager`` (a runner of the same config) as the
+    failed runner lowered it."""
+    result.error = f"{type(error).__name__}: {error}"
+    mode = CUDAGraphMode.parse(result.mode)
+    if mode is not CUDAGraphMode.NONE:
+        result.backend = "cuda" if eager.device.type == "cuda" else "sim"
+    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(
+        mode, eager.attn_groups, eager.config.layers, result.piecewise_flavor, splitting_ops, decode_query_len)
+    result.cudagraph_mode = resolved.value
     return result
 
 

@@ -42,6 +42,11 @@ def decode_scenario(runner: ModelRunner, steps: int,
     The toy prefills eagerly so that every runner's decode steps start from identical caches. vLLM does
     not run short prefills eagerly: they go through the dispatcher like any batch (PIECEWISE graphs, or
     eager only above the capture sizes)."""
+    longest = max(prompt_lengths, default=0)
+    room = runner.config.max_model_len - longest
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= room:
+        raise ConfigError(f"the decode steps must be a whole number from 0 to {room} (max_model_len "
+                          f"{runner.config.max_model_len} minus the longest prompt, {longest} tokens), got {steps!r}")
     vocab = runner.config.vocab_size
     for i, length in enumerate(prompt_lengths):
         runner.add_request(f"req{i}")
@@ -68,6 +73,9 @@ def decode_explorer(step: int = 4, *, device: str = "cpu") -> Figure:
 
 def verdict(result: ReproResult) -> str:
     """One phrase, the same on every backend: what happened to the graph runner."""
+    if not isinstance(result, ReproResult):
+        raise ConfigError(f"verdict takes a ReproResult, e.g. verdict(run_repro('piecewise')); got "
+                          f"{type(result).__name__}")
     if result.error:
         return f"capture failed loudly ({result.error.split(':')[0]})"
     if result.diverged:
@@ -82,6 +90,8 @@ def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
     named only where a PIECEWISE graph is captured; FULL-only and eager cases do not depend on it."""
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(flavor)
+    if not isinstance(legacy, bool):  # "no" would read as legacy
+        raise ConfigError(f"legacy must be True (the code before the fix) or False, got {legacy!r}")
     named = f" {flavor}" if CUDAGraphMode.PIECEWISE in cg_mode.runtime_modes() else ""
     return f"{cg_mode.name}{named} {'legacy' if legacy else 'fixed'}"
 
@@ -106,6 +116,12 @@ def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
     arguments = dict(bound.arguments)
     arguments |= arguments.pop("config_overrides")
     key = tuple(sorted((name, tuple(value) if isinstance(value, list) else value) for name, value in arguments.items()))
+    for name, value in key:
+        try:
+            hash(value)
+        except TypeError:  # a set or dict: nothing to remember it by (and run_repro wants ordered lists)
+            raise ConfigError(f"cached_repro cannot remember {name}={value!r}: give it as a list or tuple of plain "
+                              "values, in the order run_repro should use, e.g. batch_sizes=[3, 1, 8]") from None
     return _remembered_repro(key)
 
 
@@ -141,6 +157,12 @@ def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: 
     A case is ``(mode, legacy)`` or ``(mode, legacy, flavor)``; the flavor defaults to ``"compiled"``.
     ``repro_options`` go to every ``run_repro`` call (``strict_attention=True``, ``splitting_ops=...``).
     """
+    if isinstance(layer_mixes, str) or not layer_mixes or not all(isinstance(m, str) for m in layer_mixes):
+        raise ConfigError(f"verdict_table needs a list of layer patterns, one per row, e.g. ['sconv,attn', 'attn'], "
+                          f"got {layer_mixes!r}")
+    if not cases:
+        raise ConfigError(f"verdict_table needs a list of cases, one per column, e.g. [('piecewise', True), "
+                          f"('full', True)], got {cases!r}")
     full_cases = []
     for case in cases:
         if not isinstance(case, tuple) or len(case) not in (2, 3):
@@ -164,6 +186,10 @@ def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
                      batch_sizes: Sequence[int] | None = None) -> Figure:
     """Replay latency against batch size for the chosen modes and batch sizes of a bench result."""
     from cglab.plots import plot_latency
+
+    if not isinstance(result, BenchResult):
+        raise ConfigError(f"latency_explorer takes a BenchResult, e.g. load_results('data/...csv') or run_bench(...); "
+                          f"got {type(result).__name__}")
 
     rows = [r for r in result.rows
             if (modes is None or r["mode"] in modes) and (batch_sizes is None or r["batch_size"] in batch_sizes)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -67,15 +68,65 @@ def test_repro_json_with_speculative_tokens(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(("argv", "fix"), [
     (["--num-speculative-tokens", "-1"], "at least 0"),
     (["--num-speculative-tokens", "8", "--capture-sizes", "1,2,4,8"], "lower num_speculative_tokens to at most 7"),
-    (["--num-speculative-tokens", "2000"], "use fewer speculative tokens"),
-    (["--num-speculative-tokens", "1000", "--capture-sizes", "1024", "--batch-sizes", "256", "--steps", "10"],
-     "fewer speculative tokens"),
+    (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
+    (["--num-speculative-tokens", "17"], "is above 16"),
+    (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
     (["--frozen-step-index"], "add --num-speculative-tokens"),
     (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
-], ids=["negative", "beyond-capture-sizes", "beyond-every-graph", "beyond-the-caches", "drafter-option-alone",
-        "with-chunked-prefill"])
+], ids=["negative", "beyond-capture-sizes", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches",
+        "drafter-option-alone", "with-chunked-prefill"])
 def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                          fix: str) -> None:
+    started = time.monotonic()
     assert main(["repro", *argv]) == 2
+    assert time.monotonic() - started < 5  # refused before any work: 1000 tokens used to run until killed
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and fix in err, err
+
+
+# -- switches that would change nothing ------------------------------------------------------------------
+
+GRAPH_SWITCHES = [["--legacy-skip-attn", "--check"], ["--piecewise-flavor", "breakable"],
+                  ["--splitting-ops", "cglab::unified_attention"], ["--capture-sizes", "1,2"], ["--strict-layers"],
+                  ["--python-guards"], ["--strict-attention"], ["--uniform-decode-by-shape"],
+                  ["--num-speculative-tokens", "2", "--frozen-step-index"]]
+
+
+@pytest.mark.parametrize("switch", GRAPH_SWITCHES, ids=lambda argv: argv[0] if len(argv) < 3 else argv[-1])
+def test_graph_switches_under_mode_none_exit_2_with_one_line(capsys: pytest.CaptureFixture[str],
+                                                             switch: list[str]) -> None:
+    started = time.monotonic()
+    assert main(["repro", "--mode", "none", *switch]) == 2
+    assert time.monotonic() - started < 5  # before any work
+    captured = capsys.readouterr()
+    flag = next(a for a in switch if a not in ("--check", "--num-speculative-tokens", "2"))
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1, captured
+    assert (f"--mode none captures no graph, so {flag} would change nothing (the run compares eager with eager): "
+            "drop it, or choose a graph mode such as --mode piecewise") in lines[0]
+
+
+def test_every_graph_switch_under_mode_none_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["repro", "--mode", "none", "--legacy-skip-attn", "--strict-layers"]) == 2
+    assert "so --legacy-skip-attn and --strict-layers would change nothing" in capsys.readouterr().err
+
+
+def test_mode_none_still_runs_with_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["repro", "--mode", "none", "--steps", "2", "--check"]) == 0
+    assert "matches eager" in capsys.readouterr().out
+
+
+NOTE = ("  --legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
+        "capture metadata before the fix too")
+
+
+def test_the_legacy_switch_under_full_is_noted(capsys: pytest.CaptureFixture[str]) -> None:
+    """Accepted (notebook 00's first exercise runs it, to show that FULL never had the bug), and said."""
+    assert main(["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--legacy-skip-attn", "--steps", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert NOTE in out and out[-1].endswith("-> matches eager")
+    # FULL lowered to FULL_AND_PIECEWISE (linear_attn's builder): PIECEWISE graphs, where the switch matters.
+    assert main(["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--legacy-skip-attn", "--steps", "2",
+                 "--layers", "linear_attn,attn"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "lowered to FULL_AND_PIECEWISE" in out[2] and NOTE not in out

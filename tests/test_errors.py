@@ -40,6 +40,8 @@ def _message(call, error: type[Exception] = ConfigError) -> str:  # type: ignore
 CONFIG_CASES = {
     "unknown layer kind": (dict(layers="sconv,atn"), "valid kinds: attn, sconv, compressor"),
     "empty layer pattern": (dict(layers=" , "), "empty"),
+    "empty item in the layer pattern": (dict(layers="sconv,,attn"), "'sconv,,attn' has an empty item"),
+    "empty item in a list of kinds": (dict(layers=["sconv", " ", "attn"]), "has an empty item"),
     "layer pattern of the wrong type": (dict(layers=5), "'sconv,attn'"),
     "zero size": (dict(hidden_size=0), "hidden_size must be a positive integer"),
     "float size": (dict(num_blocks=2.5), "num_blocks must be a positive integer"),
@@ -53,6 +55,11 @@ CONFIG_CASES = {
     "huge seed": (dict(seed=2**40), "seed must be an integer from 0"),
     "strict_layers not a bool": (dict(strict_layers="yes"), "True or False"),
     "unknown dtype": (dict(dtype="fp8"), "float32"),
+    "too many layers": (dict(layers=",".join(["sconv", "attn"] * 33)), "66 layers, above the limit of 64"),
+    "huge cache": (dict(num_blocks=10**12), "above the limit of 16 GiB for one engine (a limit cglab sets against "
+                                            "typos, not a hardware limit); lower num_blocks"),
+    "huge logits": (dict(vocab_size=4 * 10**7), "step 19.1 GiB), above the limit"),
+    "huge step": (dict(max_num_batched_tokens=10**8), "lower the tokens of a step (max_num_batched_tokens"),
 }
 
 
@@ -227,6 +234,8 @@ REPRO_CASES = {
     "bad block size": (dict(block_size=0), "block_size must be a positive integer"),
     "unknown mode": (dict(mode="fulll"), "choose one of"),
     "empty layers": (dict(layers=""), "the layer pattern is empty"),
+    "huge hidden size": (dict(hidden_size=10**6), "above the limit of 16 GiB for one engine"),
+    "too many layers": (dict(layers=",".join(["attn"] * 65)), "65 layers, above the limit of 64"),
 }
 
 
@@ -248,7 +257,15 @@ CLI_CASES = {
     "absurd steps": (["repro", "--steps", "1000000000"], "from 1 to 10000"),
     "negative seed": (["repro", "--seed", "-1"], "seed must be an integer from 0"),
     "capture size the scenario cannot batch": (["repro", "--capture-sizes", "512"], "drop capture sizes above"),
+    "300 layers": (["repro", "--layers", ",".join(["sconv", "attn", "compressor"] * 100)], "above the limit of 64"),
     "no subcommand": ([], "required"),
+    "empty batch size": (["repro", "--batch-sizes", "1,,2"], "argument --batch-sizes: '1,,2' has an empty item"),
+    "batch sizes ending in a comma": (["repro", "--batch-sizes", "1,2,"], "'1,2,' has an empty item"),
+    "empty capture size": (["repro", "--capture-sizes", "1,,2"], "argument --capture-sizes: '1,,2' has an empty"),
+    "empty layer kind": (["repro", "--layers", "sconv,,ATTN"], "the layer pattern 'sconv,,ATTN' has an empty item"),
+    "empty splitting op": (["repro", "--layers", "sconv,attn", "--splitting-ops", "cglab::unified_attention,,"],
+                           "splitting_ops 'cglab::unified_attention,,' has an empty item"),
+    "empty bench mode": (["bench", "--out", "unused", "--modes", "none,,full"], "argument --modes: 'none,,full' has"),
 }
 if not torch.cuda.is_available():
     CLI_CASES["cuda without a GPU"] = (["repro", "--device", "cuda"], "--device cpu) to run the CPU simulator")

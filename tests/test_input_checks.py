@@ -2,7 +2,9 @@
 
 Regression tests: capture sizes whose dummy capture batch overflows a request's block-table row
 (an IndexError deep in the metadata builders), repro batch sizes above the step's token budget,
-and API arguments of the wrong type that ended in a TypeError or AttributeError.
+API arguments of the wrong type that ended in a TypeError or AttributeError, and repro arguments of
+the wrong type that were checked only after the reference runner was built, or reported as a
+capture failure.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ import pytest
 import torch
 
 from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
+from cglab.bench import BenchConfig
+from cglab.bench.startup import StartupConfig
+from cglab.config import MAX_CONFIG_MEMORY_GIB, MAX_LAYERS, parse_layer_pattern, resolve_splitting_ops
+from cglab.model import ToyTransformer
+from cglab.repro import repro_config
+from cglab.spec_decode import run_spec_repro
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
@@ -77,3 +85,68 @@ def test_zero_dim_tensor_is_not_a_token_list(runner: ModelRunner) -> None:
 def test_bad_builders_name_the_argument(builders: object, fix: str) -> None:
     with pytest.raises(ConfigError, match=fix):
         ModelRunner(ToyConfig(), "piecewise", builders=builders)  # type: ignore[arg-type]
+
+
+# -- run_repro and run_spec_repro: a wrong argument raises before any work, never becomes a finding ---
+
+WRONG_ARGUMENTS = {
+    "legacy_skip_attn": ("yes", "legacy_skip_attn must be True or False"),
+    "uniform_decode_by_shape": (1, "uniform_decode_by_shape must be True or False"),
+    "strict_layers": ("yes", "strict_layers must be True or False"),
+    "python_guards": ("no", "python_guards must be True or False"),
+    "device": ("tpu", "use 'cpu' or 'cuda'"),
+    "frozen_step_index": ("yes", "frozen_step_index must be True or False"),
+}
+
+
+@pytest.fixture
+def no_model_may_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was built before the arguments were checked")
+
+    monkeypatch.setattr(ToyTransformer, "__init__", refuse)
+
+
+@pytest.mark.usefixtures("no_model_may_be_built")
+@pytest.mark.parametrize(("run", "name"), [(run_repro, n) for n in WRONG_ARGUMENTS if n != "frozen_step_index"]
+                         + [(run_spec_repro, n) for n in WRONG_ARGUMENTS],
+                         ids=lambda v: getattr(v, "__name__", v))
+def test_a_wrong_argument_raises_before_any_runner_is_built(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    value, message = WRONG_ARGUMENTS[name]
+    with pytest.raises(ConfigError, match=message):
+        run("piecewise", layers="attn,attn", steps=2, **{name: value})
+
+
+def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
+    result = run_spec_repro("piecewise", layers="sconv,attn", steps=2, batch_sizes=(1,), legacy_skip_attn=True,
+                            strict_layers=True)
+    assert result.error.startswith("MissingMetadataError: capturing the PIECEWISE")
+    assert result.backend == "sim" and result.cudagraph_mode == "piecewise" and result.max_abs_diff is None
+
+
+@pytest.mark.parametrize("call", [
+    lambda: parse_layer_pattern("sconv,attn,"),
+    lambda: resolve_splitting_ops("cglab::unified_attention,,cglab::short_conv", ("sconv", "attn")),
+    lambda: resolve_splitting_ops(["cglab::unified_attention", ""], ("sconv", "attn")),
+    lambda: BenchConfig.quick_preset(modes="none,,full"),
+    lambda: run_repro("piecewise", layers="sconv,attn", splitting_ops="cglab::unified_attention,", steps=2),
+], ids=["layer pattern", "splitting ops string", "splitting ops list", "bench modes", "run_repro"])
+def test_an_empty_list_item_is_refused(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="has an empty item"):
+        call()
+
+
+def test_the_memory_limit_leaves_room_for_the_presets() -> None:
+    """The benchmark's GPU model (8 layers, hidden 1024, bf16) and the startup run need well under a
+    GiB by the estimate; the limit (16 GiB) refuses only sizes no toy run needs."""
+    presets = [ToyConfig(), BenchConfig().toy_config(), StartupConfig().toy_config(),
+               repro_config("sconv,attn,compressor,attn", None, [3, 1, 8], 16)]
+    assert all(sum(c.memory_estimate().values()) < 2**30 for c in presets)
+    big = dict(layers="attn,attn", hidden_size=8192, num_heads=8)  # the benchmark's largest hidden size
+    assert sum(ToyConfig(**big).memory_estimate().values()) < MAX_CONFIG_MEMORY_GIB * 2**30
+
+
+def test_a_layer_pattern_at_the_limit_is_accepted() -> None:
+    assert len(parse_layer_pattern(",".join(["attn"] * MAX_LAYERS))) == MAX_LAYERS
+    with pytest.raises(ConfigError, match=f"above the limit of {MAX_LAYERS}"):
+        parse_layer_pattern(",".join(["attn"] * (MAX_LAYERS + 1)))

@@ -208,13 +208,20 @@ def test_capture_sizes_rounded_to_the_verification_step():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"num_speculative_tokens": 0}, "nothing to draft"),
     ({"num_speculative_tokens": -1}, "at least 0"),
-    ({"num_speculative_tokens": 47}, "use fewer speculative tokens"),
+    ({"num_speculative_tokens": 17}, "above 16, the most the toy drafts per step"),
     ({"num_speculative_tokens": 2, "frozen_step_index": "yes"}, "True or False"),
     ({"num_speculative_tokens": 2, "draft_layers": "attn,mamba"}, "unknown layer kind"),
 ])
 def test_bad_speculative_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         SpecDecodeRunner(ToyConfig(max_model_len=48), "none", **kwargs)
+
+
+def test_speculative_tokens_that_do_not_fit_the_requests_are_refused():
+    with pytest.raises(ConfigError, match="does not fit: a verification step writes 17 tokens"):
+        SpecDecodeRunner(ToyConfig(max_model_len=16), "none", num_speculative_tokens=16)
+    with pytest.raises(ConfigError, match="above 16"):  # before any runner is built
+        run_spec_repro("piecewise", num_speculative_tokens=1000)
 
 
 def test_bad_requests_in_a_step_are_refused():
@@ -226,6 +233,21 @@ def test_bad_requests_in_a_step_are_refused():
         runner.step(["b"])
     with pytest.raises(ConfigError, match="list of token ids"):
         runner.add_request("c", 5)
+    with pytest.raises(ConfigError, match=r"takes a list of request ids such as \['req0'\], got 'ab'"):
+        runner.step("ab")  # a string is not a list of ids 'a' and 'b'
+    with pytest.raises(ConfigError, match="which this step does not verify"):
+        runner.step(["a"], drafts={"a": [1, 2]})  # its first step runs its prompt
+    runner.add_request("d", [4, 5])
+    runner.step(["a", "d"])
+    for drafts, message in (({"a": [1]}, "got 1 drafts, but every verification step checks num_speculative_tokens "
+                                         "= 2; give exactly 2 token ids"),
+                            ({"a": [1, 2, 3]}, "got 3 drafts"), ({"b": [1, 2]}, "request 'b', which this step does"),
+                            ({"d": [1, 2]}, r"request 'd', which this step does not verify \(not scheduled"),
+                            ([1, 2], "drafts must be a dict"), ({"a": "12"}, "list of token ids"),
+                            ({"a": [1, 64]}, "outside the vocabulary")):
+        with pytest.raises(ConfigError, match=message):
+            runner.step(["a"], drafts=drafts)
+    assert runner.step(["a"], drafts={"a": [1, 2]}).num_drafts == [2]  # the refusals left the runner as it was
 
 
 def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2) -> ReproResult:

@@ -24,6 +24,7 @@ from cglab.draw import (
     draw_graph_anatomy,
     draw_padding,
 )
+from cglab.draw_support import draw_capture_support
 from cglab.widgets import (
     _interactive,
     cached_repro,
@@ -257,3 +258,39 @@ def test_a_change_during_a_redraw_is_coalesced_into_the_newest_value(capsys):
     explorer.release.set()
     drawing.join(timeout=10)
     assert explorer.drawn == [0, 1, 4] and explorer.overlaps == 0
+
+
+_DISPATCHER = CudagraphDispatcher(CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)
+HELPER_CASES = {
+    "verdict_table with no layer mix": (lambda: verdict_table([], [("piecewise", True)]), "a list of layer patterns"),
+    "verdict_table with one string": (lambda: verdict_table("attn", [("piecewise", True)]), "one per row"),
+    "verdict_table with no case": (lambda: verdict_table(["attn"], []), "a list of cases, one per column"),
+    "cached_repro with a set": (lambda: cached_repro(batch_sizes={1, 2}), "cannot remember batch_sizes={1, 2}"),
+    "cached_repro with a dict": (lambda: cached_repro(hidden_size={"a": 1}), "give it as a list or tuple"),
+    "decode_explorer with a float step": (lambda: decode_explorer(step=2.5), "a whole number from 0 to 39"),
+    "decode_explorer with a negative step": (lambda: decode_explorer(step=-1), "got -1"),
+    "decode_explorer past max_model_len": (lambda: decode_explorer(step=40), "max_model_len 48 minus the longest"),
+    "decode_explorer with a bool": (lambda: decode_explorer(step=True), "got True"),
+    "case_label with a string": (lambda: case_label("full", "no"), "legacy must be True"),
+    "verdict of no result": (lambda: verdict(None), "verdict takes a ReproResult"),
+    "latency_explorer of no result": (lambda: latency_explorer(None), "latency_explorer takes a BenchResult"),
+    "draw_divergence of a list": (lambda: draw_divergence([]), "draw_divergence takes a dict {label: ReproResult}"),
+    "draw_divergence of nothing": (lambda: draw_divergence({}), "with at least one run"),
+    "draw_padding, negative": (lambda: draw_padding(_DISPATCHER, -1), "an integer from 1 to 10000, got -1"),
+    "draw_padding, float": (lambda: draw_padding(_DISPATCHER, 2.5), "got 2.5"),
+    "draw_padding, huge": (lambda: draw_padding(_DISPATCHER, 10**8), "got 100000000"),
+    "draw_padding of no dispatcher": (lambda: draw_padding((1, 2), 8), "takes a CudagraphDispatcher"),
+    "draw_caches with one slot": (lambda: draw_caches(ModelRunner(ToyConfig()), 5), "a list of slot numbers"),
+    "draw_caches of no runner": (lambda: draw_caches(None), "takes the ModelRunner"),
+    "draw_graph_anatomy of nothing": (lambda: draw_graph_anatomy({}), "with at least one graph"),
+    "draw_capture_support of no size": (lambda: draw_capture_support(4, []), "at least one token count"),
+    "describe_step of no step": (lambda: describe_step(None), "what ModelRunner.prepare_step returns"),
+}
+
+
+@pytest.mark.parametrize("case", list(HELPER_CASES))
+def test_notebook_helpers_answer_a_wrong_argument_with_the_fix(case: str) -> None:
+    call, fix = HELPER_CASES[case]
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert fix in str(info.value)

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from cglab.config import CUDAGraphMode, check_num_speculative_tokens, parse_piecewise_flavor, resolve_splitting_ops
-from cglab.errors import CglabError, ConfigError
-from cglab.repro import ReproResult, compare_final_state, make_workload, repro_config, tolerance
-from cglab.runner import resolve_runner_cudagraph_mode
+from cglab.errors import CaptureError, CglabError, ConfigError
+from cglab.repro import ReproResult, compare_final_state, failed_capture, make_workload, repro_config, tolerance
 from cglab.spec_decode.draft_model import draft_layer_pairs
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
 
@@ -54,19 +53,16 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, 0, {},
                          None, None, None, tolerance=tolerance(config.dtype), num_speculative_tokens=k)
     common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
-    shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
-    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-        cg_mode, shadow.target.attn_groups, config.layers, flavor, ops, decode_query_len=k + 1)
-    result.cudagraph_mode = resolved.value
+    # The graph runner first: it checks its switches and the device before it builds anything.
     try:
         runner = SpecDecodeRunner(config, cg_mode, legacy_skip_attn=legacy_skip_attn, piecewise_flavor=flavor,
                                   splitting_ops=splitting_ops, frozen_step_index=frozen_step_index,
                                   uniform_decode_by_shape=uniform_decode_by_shape, **common)
-    except CglabError as exc:  # a strict layer refusing to capture is a finding, not a crash
-        result.error = f"{type(exc).__name__}: {exc}"
-        if cg_mode is not CUDAGraphMode.NONE:
-            result.backend = "cuda" if shadow.target.device.type == "cuda" else "sim"
-        return result
+    except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
+        return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, ops, k + 1)
+    result.cudagraph_mode, result.cudagraph_mode_note = (runner.target.cudagraph_mode.value,
+                                                         runner.target.cudagraph_mode_note)
+    shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
     result.backend = runner.backend_name
     if runner.target.cudagraph_manager is not None:
         result.captured_sizes = {m.value: s for m, s in runner.target.cudagraph_manager.captured_sizes.items()}

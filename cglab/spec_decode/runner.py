@@ -106,12 +106,15 @@ class SpecDecodeRunner:
         ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode
         dispatches as usual).
         """
+        if isinstance(req_ids, (str, bytes)) or not isinstance(req_ids, Sequence):
+            raise ConfigError(f"step() takes a list of request ids such as ['req0'], got {req_ids!r}")
         if len(set(req_ids)) != len(req_ids):
             raise ConfigError(f"a step schedules each request once; {list(req_ids)} names one more than once")
+        given = self._check_drafts(req_ids, drafts)
         tokens, num_drafts = [], []
         for req_id in req_ids:
             if req_id in self.next_token:
-                proposal = list((drafts or {}).get(req_id, self.drafts[req_id]))
+                proposal = given.get(req_id, self.drafts[req_id])
                 tokens.append([self.next_token[req_id], *proposal])
                 num_drafts.append(len(proposal))
             else:
@@ -135,6 +138,23 @@ class SpecDecodeRunner:
         for req_id, proposal in zip(req_ids, proposals):
             self.drafts[req_id] = proposal
         return SpecStepOutput(logits, prepared.descriptor, num_drafts, accepted, new_tokens, prefill, decodes)
+
+    def _check_drafts(self, req_ids: Sequence[str], drafts: object) -> dict[str, list[int]]:
+        """``drafts`` as token lists: K for each request it names, and only requests this step verifies."""
+        if drafts is None:
+            return {}
+        if not isinstance(drafts, Mapping):
+            raise ConfigError(f"drafts must be a dict {{request id: [token ids]}}, got {type(drafts).__name__}")
+        k, checked = self.num_speculative_tokens, {}
+        for req_id, proposal in drafts.items():
+            if req_id not in req_ids or req_id not in self.next_token:
+                raise ConfigError(f"drafts names request {req_id!r}, which this step does not verify (not scheduled, "
+                                  "or its step runs its prompt); drop it from drafts")
+            checked[req_id] = parse_token_ids(req_id, proposal)
+            if len(checked[req_id]) != k:
+                raise ConfigError(f"request {req_id!r} got {len(checked[req_id])} drafts, but every verification step "
+                                  f"checks num_speculative_tokens = {k}; give exactly {k} token ids")
+        return checked
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The target's caches, then the drafter's."""
