@@ -7,14 +7,15 @@ a plot of a cut-short or edited CSV would silently tell the wrong story.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,14 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
     """Refuse, before any work, a destination that ``save_results`` could not write, or would
     overwrite without ``force``: better now than after minutes of measuring."""
     targets = result_paths(path)
+    try:
+        _check_targets(targets, force)
+        _probe(targets)
+    except OSError as exc:
+        raise ConfigError(_refusal(exc, targets)) from None
+
+
+def _check_targets(targets: tuple[Path, Path], force: bool) -> None:
     for target in targets:
         if target.is_dir():  # os.replace cannot put a file over a directory, forced or not
             raise ConfigError(f"{target} is a directory; choose another --out path")
@@ -98,16 +107,68 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
     if existing and not force:
         raise ConfigError(f"{existing[0]} already exists; pass --force (force=True in Python) to overwrite it, "
                           "or choose another --out path")
-    ancestor = targets[0].parent
-    while not ancestor.exists():  # save_results creates the missing directories below it
-        ancestor = ancestor.parent
+    ancestor = _nearest_existing(targets[0].parent)  # save_pair creates the missing directories below it
     if not ancestor.is_dir():
         raise ConfigError(f"{ancestor} is a file, not a directory; choose an --out path under a directory")
-    try:  # a real write: permission bits alone miss read-only mounts, ACLs and root
-        _write_temp(ancestor / "probe", "").unlink()
-    except OSError as exc:
-        raise ConfigError(f"cannot write in {ancestor} ({exc.strerror or exc}); "
-                          "choose another --out path") from None
+
+
+def _probe(targets: tuple[Path, Path]) -> None:
+    """Write and remove, in each target's own directory, a scratch file named as ``save_pair`` names
+    its own: a real write, since permission bits alone miss read-only mounts, ACLs and root, and
+    the real name, since a short probe name passes where the save's longer one is refused."""
+    folder = targets[0].parent
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    made: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            try:
+                directory.mkdir()
+            except FileExistsError:  # made meanwhile by someone else: not ours to remove
+                continue
+            made.append(directory)
+        for target in targets:
+            _write_temp(target, "").unlink()
+    finally:
+        for directory in reversed(made):  # leave the tree as it was; the save makes them again
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def _refusal(exc: OSError, targets: tuple[Path, Path]) -> str:
+    """One line for a destination the file system refuses, naming what to shorten or change."""
+    ancestor = _nearest_existing(targets[0].parent)
+    if exc.errno != errno.ENAMETOOLONG:
+        return f"cannot write in {ancestor} ({exc.strerror or exc}); choose another --out path"
+    limit = _name_max(ancestor)
+    folder_name = max(targets[0].parent.parts, key=len, default="")
+    if len(folder_name) > limit:
+        return (f"--out has a directory name of {len(folder_name)} characters ({folder_name[:16]}...), over the "
+                f"{limit} this file system allows; choose a shorter --out path")
+    scratch = len(_scratch_path(targets[1], "tmp").name)  # the longest name the save writes
+    base = len(targets[0].name) - len(".csv")
+    if scratch > limit:
+        return (f"--out's file name has {base} characters, and the temporary files saving writes beside it would "
+                f"have {scratch}, over the {limit} this file system allows; choose an --out name of at most "
+                f"{limit - (scratch - base)} characters")
+    return "--out is too long a path for this file system; choose a shorter --out path"
+
+
+def _nearest_existing(folder: Path) -> Path:
+    """``folder`` or its closest ancestor that exists (a name too long to look up counts as missing)."""
+    for candidate in (folder, *folder.parents):
+        try:
+            if candidate.exists():
+                return candidate
+        except OSError:
+            continue
+    return folder
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or the name is unknown here
+        return 255
 
 
 def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
@@ -158,31 +219,38 @@ def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns:
     return targets
 
 
+def _scratch_path(target: Path, kind: str) -> Path:
+    """A new hidden name beside ``target`` for a temporary file (``tmp``) or a backup (``bak``): both
+    are ``.NAME.<8 hex digits>.KIND``, so ``check_output`` probes the length every scratch name has."""
+    return target.with_name(f".{target.name}.{secrets.token_hex(4)}.{kind}")
+
+
 def _write_temp(target: Path, text: str) -> Path:
     """``text`` in a new file beside ``target``, flushed to disk, with the mode a plain ``open`` gives."""
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    for _ in range(8):  # a clash of 32 random bits is vanishingly rare; never open an existing file
+        temp = _scratch_path(target, "tmp")
+        try:
+            # 0o666 less the umask, as open() gives: results are meant to be shared like any file the user writes.
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
     try:
-        # mkstemp makes 0600 files; results are meant to be shared like any file the user writes.
-        os.chmod(name, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
-        Path(name).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise
-    return Path(name)
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the umask can only be read by setting it: put it straight back
-    os.umask(mask)
-    return mask
+    return temp
 
 
 def _backup(target: Path) -> Path:
     """A second name for ``target``'s current contents, to restore it if the pair cannot be placed."""
-    backup = target.with_name(f".{target.name}.{secrets.token_hex(4)}.bak")
+    backup = _scratch_path(target, "bak")
     try:
         os.link(target, backup)  # instant, and no second copy of the bytes
     except OSError:  # file systems without hard links
