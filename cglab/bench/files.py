@@ -16,16 +16,18 @@ import math
 import os
 import secrets
 import shutil
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from cglab.bench.modes import MODE_NAMES
-from cglab.errors import ConfigError
+from cglab.errors import ConfigError, NotSavedError
 
 __all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "BenchResult", "check_output", "load_results", "read_pair",
-           "result_paths", "save_pair", "save_results"]
+           "result_paths", "save_or_keep", "save_pair", "save_results"]
 
 CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
 EXTRA_COLUMNS = ("host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us", "kernel_span_us", "kernels",
@@ -156,19 +158,16 @@ def _refusal(exc: OSError, targets: tuple[Path, Path]) -> str:
 def _nearest_existing(folder: Path) -> Path:
     """``folder`` or its closest ancestor that exists (a name too long to look up counts as missing)."""
     for candidate in (folder, *folder.parents):
-        try:
+        with contextlib.suppress(OSError):
             if candidate.exists():
                 return candidate
-        except OSError:
-            continue
     return folder
 
 
 def _name_max(folder: Path) -> int:
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no pathconf (Windows), or no such name
         return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or the name is unknown here
-        return 255
+    return 255
 
 
 def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
@@ -219,6 +218,46 @@ def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns:
     return targets
 
 
+def save_or_keep(save: Callable[[Path, bool], tuple[Path, Path]], path: str | os.PathLike[str],
+                 force: bool = False) -> tuple[Path, Path]:
+    """``save(path, force)``, and if that fails (disk full, a folder gone, a file that appeared
+    meanwhile), the same result under a new name: first beside ``path``, then in the temporary
+    folder, never over an existing file. Then ``NotSavedError`` says where it was kept, so that a
+    finished measurement is never lost to its last step."""
+    try:
+        return save(Path(path), force)
+    except (OSError, ConfigError) as exc:
+        reason = _reason(exc)
+    targets = result_paths(path)
+    name = f"{targets[0].stem[:64]}-unsaved-{time.strftime('%Y%m%d-%H%M%S')}"
+    failures = []
+    for folder in dict.fromkeys((targets[0].parent, Path(tempfile.gettempdir()))):
+        try:
+            kept = save(_unused(folder / name), False)
+        except (OSError, ConfigError) as exc:
+            failures.append(f"{folder}: {_reason(exc)}")
+            continue
+        raise NotSavedError(f"could not write {targets[0]} and {targets[1].name} ({reason}), so the measurements "
+                            f"were kept in {kept[0]} and {kept[1].name}; once the cause is fixed, rename them to "
+                            f"{targets[0].name} and {targets[1].name}", kept)
+    raise NotSavedError(f"could not write {targets[0]} and {targets[1].name} ({reason}), nor a copy "
+                        f"({'; '.join(failures)}): free some space or choose another --out path", None)
+
+
+def _reason(exc: OSError | ConfigError) -> str:
+    """The OS's words, or a refusal without its advice for an --out path."""
+    return getattr(exc, "strerror", None) or str(exc).split(";")[0]
+
+
+def _unused(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``...: the first whose pair names no existing file."""
+    candidate, number = base, 1
+    while any(p.exists() for p in result_paths(candidate)):
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
 def _scratch_path(target: Path, kind: str) -> Path:
     """A new hidden name beside ``target`` for a temporary file (``tmp``) or a backup (``bak``): both
     are ``.NAME.<8 hex digits>.KIND``, so ``check_output`` probes the length every scratch name has."""
@@ -227,16 +266,10 @@ def _scratch_path(target: Path, kind: str) -> Path:
 
 def _write_temp(target: Path, text: str) -> Path:
     """``text`` in a new file beside ``target``, flushed to disk, with the mode a plain ``open`` gives."""
-    for _ in range(8):  # a clash of 32 random bits is vanishingly rare; never open an existing file
-        temp = _scratch_path(target, "tmp")
-        try:
-            # 0o666 less the umask, as open() gives: results are meant to be shared like any file the user writes.
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
+    temp = _scratch_path(target, "tmp")
+    # O_EXCL: never into an existing file. 0o666 less the umask, as open() gives: results are meant
+    # to be shared like any file the user writes.
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
