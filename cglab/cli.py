@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
 from cglab.config import LAYER_KINDS, MAX_LAYERS, MAX_SPECULATIVE_TOKENS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
-from cglab.errors import CglabError, ConfigError
+from cglab.errors import CglabError, ConfigError, NotSavedError
 
 if TYPE_CHECKING:
     from cglab.repro import ReproResult
@@ -230,7 +232,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     config = BenchConfig.quick_preset(**given) if args.quick else BenchConfig(**given)
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
-    csv_path, json_path = save_results(result, args.out, force=args.force)
+    csv_path, json_path = _save(lambda path, force: save_results(result, path, force), args, asdict(result))
     if args.json:
         print(json.dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
         return 0
@@ -275,7 +277,7 @@ def _run_startup(args: argparse.Namespace) -> int:
     config = StartupConfig.quick_preset(**given) if args.quick else StartupConfig(**given)
     check_output(args.out, args.force)
     result = measure_startup(config)
-    csv_path, json_path = save_startup(result, args.out, force=args.force)
+    csv_path, json_path = _save(lambda path, force: save_startup(result, path, force), args, asdict(result))
     if args.json:
         print(json.dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
         return 0
@@ -284,6 +286,21 @@ def _run_startup(args: argparse.Namespace) -> int:
     print(startup_table(result))
     print(f"wrote {csv_path} and {json_path}")
     return 0
+
+
+def _save(save: Callable[[Path, bool], tuple[Path, Path]], args: argparse.Namespace,
+          everything: dict[str, object]) -> tuple[Path, Path]:
+    """Save at ``--out``; if the file system refuses, keep the result elsewhere (``save_or_keep``), or
+    at least print it: minutes of measuring must not be lost to their last step."""
+    from cglab.bench.files import save_or_keep
+
+    try:
+        return save_or_keep(save, args.out, args.force)
+    except NotSavedError as exc:
+        if exc.kept is not None:
+            raise
+        print(json.dumps(everything))
+        raise NotSavedError(f"{exc}; the measurements were printed on stdout as JSON", None) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,19 +313,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command: its exit status, or one line on stderr and 2 (bad values), 1 (the file system
+    failed; a finished result is kept, see ``_save``) or 130 (Ctrl-C), never a traceback."""
+    prog, status = "python -m cglab", 2
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        prog = f"{parser.prog} {args.command}"
         return args.func(args)
+    except KeyboardInterrupt:  # at any step, the parser's imports included
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # before the CglabError clause: a NotSavedError is both
+        status = 1
+        message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
         message = str(exc)
     except (MemoryError, torch.OutOfMemoryError):
         message = "out of memory; use fewer or smaller batch sizes, capture sizes or steps"
-    except KeyboardInterrupt:
-        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
-        return 130
-    print(f"{parser.prog} {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
 
 
 __all__ = ["build_parser", "main"]

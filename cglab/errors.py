@@ -6,6 +6,8 @@ Bad input is a ``ConfigError`` (a ``ValueError``); a broken rule of graph captur
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class CglabError(Exception):
     """Base class: catch this to handle any cglab error."""
@@ -37,3 +39,12 @@ class CapacityError(ConfigError, RuntimeError):
 
     A ``ConfigError`` because the fix is a larger limit or a smaller request.
     """
+
+
+class NotSavedError(CglabError, OSError):
+    """A result could not be written where it was asked for. ``kept`` is the pair it was written as
+    instead, or ``None`` when nothing could be written; the message says which, and where."""
+
+    def __init__(self, message: str, kept: tuple[Path, Path] | None) -> None:
+        super().__init__(message)
+        self.kept = kept

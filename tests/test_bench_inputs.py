@@ -17,6 +17,7 @@ import pytest
 from cglab import bench
 from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, check_output, load_results, save_results
 from cglab.bench import files as results
+from cglab.bench import startup
 from cglab.cli import main
 from cglab.errors import ConfigError
 
@@ -68,10 +69,14 @@ def test_unwritable_directory_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     locked = tmp_path / "locked"
     locked.mkdir()
     if os.geteuid() == 0:  # root writes anywhere: simulate the refusal the file system would give
-        def refuse(*args: object, **kwargs: object) -> None:
-            raise PermissionError(13, "Permission denied", str(locked))
+        real_open = results.os.open
 
-        monkeypatch.setattr(results.tempfile, "mkstemp", refuse)
+        def refuse(name: str | os.PathLike[str], *args: object, **kwargs: object) -> int:
+            if Path(name).parent == locked:
+                raise PermissionError(13, "Permission denied", str(name))
+            return real_open(name, *args, **kwargs)
+
+        monkeypatch.setattr(results.os, "open", refuse)
     else:
         locked.chmod(0o555)
     try:
@@ -95,6 +100,48 @@ def test_cli_checks_out_before_measuring(tmp_path: Path, capsys: pytest.CaptureF
         assert main([*TINY, "--out", out]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "--out" in err
+
+
+def _name_max(folder: Path) -> int:
+    return os.pathconf(folder, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+
+
+def test_out_name_too_long_for_the_temporary_files_is_refused(tmp_path: Path, result: BenchResult) -> None:
+    """OUT.json itself fits, but the temporary file the save writes beside it (.OUT.json.<8 hex>.tmp)
+    does not: the check must probe that name, not a short one."""
+    limit = _name_max(tmp_path)
+    longest = limit - len("..json.12345678.tmp")
+    with pytest.raises(ConfigError, match=f"at most {longest} characters") as exc:
+        check_output(tmp_path / ("a" * (longest + 1)))
+    _one_line(exc)
+    for name in ("a" * (limit - len(".json")), "a" * (limit + 10), f"{'d' * (limit + 1)}/run"):
+        with pytest.raises(ConfigError, match="choose a(n)? (shorter )?--out") as exc:
+            check_output(tmp_path / name)
+        _one_line(exc)
+    assert list(tmp_path.iterdir()) == []  # the probes left nothing, not even a directory
+    save_results(result, tmp_path / ("a" * longest))  # the longest name allowed really saves
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_probe_leaves_no_directory_behind(tmp_path: Path) -> None:
+    check_output(tmp_path / "new" / "deeper" / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_refuses_a_long_out_name_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured before checking --out")
+
+    monkeypatch.setattr(bench, "run_bench", never)
+    monkeypatch.setattr(startup, "measure_startup", never)
+    out = str(tmp_path / ("a" * 250))
+    for command in (TINY, ["startup", "--quick"]):
+        assert main([*command, "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert "choose an --out name of at most" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_replace_keeps_the_old_pair(tmp_path: Path, result: BenchResult, json_replace_fails: None) -> None:

@@ -1,18 +1,27 @@
 """Recorded results are never overwritten without ``--force``, and a write never leaves a half file:
-it goes to a temporary file beside the target, which is then renamed over it."""
+it goes to a temporary file beside the target, which is then renamed over it. A run whose final
+save fails keeps its measurements under a new name and says where, in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from cglab import ConfigError
+from cglab import ConfigError, bench
 from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
 from cglab.bench import files as results
+from cglab.bench import startup
+from cglab.bench.startup import STARTUP_COLUMNS, StartupResult, load_startup
+from cglab.cli import main
+
+STAMP = "20250101-120000"
+TINY = ["--quick", "--device", "cpu", "--modes", "none", "--batch-sizes", "1", "--repeats", "5", "--warmup", "1"]
 
 
 @pytest.fixture
@@ -61,3 +70,126 @@ def test_cli_refuses_to_overwrite_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "--force" in proc.stderr
     assert recorded.read_text() == "recorded on the H200" and not (tmp_path / "h200.json").exists()
+
+
+# ----------------------------------------------------------------------------------- a failing final save
+@pytest.fixture
+def temp_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary folder the last fallback goes to, inside the test's own folder; a fixed time stamp."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setattr(results.time, "strftime", lambda fmt: STAMP)
+    return folder
+
+
+def _fail_replacing(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Moving a file into place under one of ``names`` fails as a full disk does (others work)."""
+    real_replace = results.os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst).name in names:
+            raise OSError(28, "No space left on device", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", replace)
+
+
+def _canned(monkeypatch: pytest.MonkeyPatch, command: str) -> list[dict]:
+    """``command``'s measurement replaced by a known result (the save is what is tested); its rows."""
+    if command == "bench":
+        row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
+        canned = BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "attn"})
+        monkeypatch.setattr(bench, "run_bench", lambda *args, **kwargs: canned)
+    else:
+        row = dict(zip(STARTUP_COLUMNS, ["full", "compiled", "fixed", "sim", 4, 1.0, 0.5, 2.0, 3.0]))
+        canned = StartupResult([row], {"device_name": "CPU"}, {"capture_sizes": [1, 2]})
+        monkeypatch.setattr(startup, "measure_startup", lambda config: canned)
+    return canned.rows
+
+
+def _one_line_error(err: str) -> str:
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_measurements_are_kept_beside_the_target_when_the_final_save_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, temp_folder: Path) -> None:
+    """A real (tiny) bench over a recorded pair, with --force: the disk fills up at the save. The old
+    pair stays, the new measurements go beside it under a new name, and one line says where."""
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"run{suffix}").write_text(f"recorded on the H200 {suffix}")
+    _fail_replacing(monkeypatch, "run.json")
+    assert main(["bench", *TINY, "--force", "--out", str(tmp_path / "run")]) == 1
+    err = _one_line_error(capsys.readouterr().err)
+    kept = tmp_path / f"run-unsaved-{STAMP}"
+    assert "No space left on device" in err and f"kept in {kept}.csv and {kept.name}.json" in err
+    assert "rename them to run.csv and run.json" in err
+    assert [(r["mode"], r["batch_size"]) for r in load_results(kept).rows] == [("none", 1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-unsaved-20250101-120000.csv",
+                                                          "run-unsaved-20250101-120000.json", "run.csv", "run.json",
+                                                          "tmp"]  # no temporary file left
+    assert (tmp_path / "run.csv").read_text() == "recorded on the H200 .csv"
+    assert (tmp_path / "run.json").read_text() == "recorded on the H200 .json"
+
+
+@pytest.mark.parametrize("command", ["bench", "startup"])
+def test_kept_measurements_never_overwrite_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch, temp_folder: Path,
+                                                  command: str) -> None:
+    """The fallback beside the target fails too (its name is taken, then the disk is full there): the
+    measurements go to the temporary folder, and the file that held the name is untouched."""
+    rows = _canned(monkeypatch, command)
+    taken = tmp_path / f"run-unsaved-{STAMP}.json"
+    taken.write_text("someone else's")
+    _fail_replacing(monkeypatch, "run.json", f"run-unsaved-{STAMP}-2.json")
+    assert main([command, "--quick", "--out", str(tmp_path / "run")]) == 1
+    err = _one_line_error(capsys.readouterr().err)
+    kept = temp_folder / f"run-unsaved-{STAMP}"
+    assert f"kept in {kept}.csv" in err
+    load = load_results if command == "bench" else load_startup
+    assert load(kept).rows == rows
+    assert taken.read_text() == "someone else's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [taken.name, "tmp"]
+
+
+def test_a_result_that_appeared_during_the_run_is_not_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  temp_folder: Path) -> None:
+    """Another run wrote OUT meanwhile: without --force, the save refuses it, and keeps this run's beside it."""
+    rows = _canned(monkeypatch, "bench")
+    other = tmp_path / "run.csv"
+
+    def measure_while_another_run_saves(*args: object, **kwargs: object) -> BenchResult:
+        other.write_text("the other run's")
+        return BenchResult(rows, {"backend": "sim"}, {})
+
+    monkeypatch.setattr(bench, "run_bench", measure_while_another_run_saves)
+    assert main(["bench", "--quick", "--out", str(tmp_path / "run")]) == 1
+    err = _one_line_error(capsys.readouterr().err)
+    assert "already exists" in err and f"kept in {tmp_path / f'run-unsaved-{STAMP}'}.csv" in err
+    assert other.read_text() == "the other run's"
+    assert load_results(tmp_path / f"run-unsaved-{STAMP}").rows == rows
+
+
+@pytest.mark.parametrize("command", ["bench", "startup"])
+def test_measurements_are_printed_when_nothing_can_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             temp_folder: Path, json_replace_fails: None,
+                                                             monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    rows = _canned(monkeypatch, command)
+    assert main([command, "--quick", "--out", str(tmp_path / "run")]) == 1
+    out, err = capsys.readouterr()
+    _one_line_error(err)
+    assert "nor a copy" in err and "printed on stdout as JSON" in err
+    assert json.loads(out)["rows"] == rows
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"] and list(temp_folder.iterdir()) == []
+
+
+def test_a_file_system_error_during_the_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device", "/tmp/torchinductor")
+
+    monkeypatch.setattr(bench, "run_bench", full)
+    assert main(["bench", "--quick", "--out", str(tmp_path / "run")]) == 1
+    assert "No space left on device" in _one_line_error(capsys.readouterr().err)

@@ -7,7 +7,9 @@ a plot of a cut-short or edited CSV would silently tell the wrong story.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import math
@@ -15,16 +17,17 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from cglab.bench.modes import MODE_NAMES
-from cglab.errors import ConfigError
+from cglab.errors import ConfigError, NotSavedError
 
 __all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "BenchResult", "check_output", "load_results", "read_pair",
-           "result_paths", "save_pair", "save_results"]
+           "result_paths", "save_or_keep", "save_pair", "save_results"]
 
 CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
 EXTRA_COLUMNS = ("host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us", "kernel_span_us", "kernels",
@@ -91,6 +94,14 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
     """Refuse, before any work, a destination that ``save_results`` could not write, or would
     overwrite without ``force``: better now than after minutes of measuring."""
     targets = result_paths(path)
+    try:
+        _check_targets(targets, force)
+        _probe(targets)
+    except OSError as exc:
+        raise ConfigError(_refusal(exc, targets)) from None
+
+
+def _check_targets(targets: tuple[Path, Path], force: bool) -> None:
     for target in targets:
         if target.is_dir():  # os.replace cannot put a file over a directory, forced or not
             raise ConfigError(f"{target} is a directory; choose another --out path")
@@ -98,16 +109,65 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> None:
     if existing and not force:
         raise ConfigError(f"{existing[0]} already exists; pass --force (force=True in Python) to overwrite it, "
                           "or choose another --out path")
-    ancestor = targets[0].parent
-    while not ancestor.exists():  # save_results creates the missing directories below it
-        ancestor = ancestor.parent
+    ancestor = _nearest_existing(targets[0].parent)  # save_pair creates the missing directories below it
     if not ancestor.is_dir():
         raise ConfigError(f"{ancestor} is a file, not a directory; choose an --out path under a directory")
-    try:  # a real write: permission bits alone miss read-only mounts, ACLs and root
-        _write_temp(ancestor / "probe", "").unlink()
-    except OSError as exc:
-        raise ConfigError(f"cannot write in {ancestor} ({exc.strerror or exc}); "
-                          "choose another --out path") from None
+
+
+def _probe(targets: tuple[Path, Path]) -> None:
+    """Write and remove, in each target's own directory, a scratch file named as ``save_pair`` names
+    its own: a real write, since permission bits alone miss read-only mounts, ACLs and root, and
+    the real name, since a short probe name passes where the save's longer one is refused."""
+    folder = targets[0].parent
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    made: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            try:
+                directory.mkdir()
+            except FileExistsError:  # made meanwhile by someone else: not ours to remove
+                continue
+            made.append(directory)
+        for target in targets:
+            _write_temp(target, "").unlink()
+    finally:
+        for directory in reversed(made):  # leave the tree as it was; the save makes them again
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def _refusal(exc: OSError, targets: tuple[Path, Path]) -> str:
+    """One line for a destination the file system refuses, naming what to shorten or change."""
+    ancestor = _nearest_existing(targets[0].parent)
+    if exc.errno != errno.ENAMETOOLONG:
+        return f"cannot write in {ancestor} ({exc.strerror or exc}); choose another --out path"
+    limit = _name_max(ancestor)
+    folder_name = max(targets[0].parent.parts, key=len, default="")
+    if len(folder_name) > limit:
+        return (f"--out has a directory name of {len(folder_name)} characters ({folder_name[:16]}...), over the "
+                f"{limit} this file system allows; choose a shorter --out path")
+    scratch = len(_scratch_path(targets[1], "tmp").name)  # the longest name the save writes
+    base = len(targets[0].name) - len(".csv")
+    if scratch > limit:
+        return (f"--out's file name has {base} characters, and the temporary files saving writes beside it would "
+                f"have {scratch}, over the {limit} this file system allows; choose an --out name of at most "
+                f"{limit - (scratch - base)} characters")
+    return "--out is too long a path for this file system; choose a shorter --out path"
+
+
+def _nearest_existing(folder: Path) -> Path:
+    """``folder`` or its closest ancestor that exists (a name too long to look up counts as missing)."""
+    for candidate in (folder, *folder.parents):
+        with contextlib.suppress(OSError):
+            if candidate.exists():
+                return candidate
+    return folder
+
+
+def _name_max(folder: Path) -> int:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no pathconf (Windows), or no such name
+        return os.pathconf(folder, "PC_NAME_MAX")
+    return 255
 
 
 def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
@@ -158,31 +218,72 @@ def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns:
     return targets
 
 
+def save_or_keep(save: Callable[[Path, bool], tuple[Path, Path]], path: str | os.PathLike[str],
+                 force: bool = False) -> tuple[Path, Path]:
+    """``save(path, force)``, and if that fails (disk full, a folder gone, a file that appeared
+    meanwhile), the same result under a new name: first beside ``path``, then in the temporary
+    folder, never over an existing file. Then ``NotSavedError`` says where it was kept, so that a
+    finished measurement is never lost to its last step."""
+    try:
+        return save(Path(path), force)
+    except (OSError, ConfigError) as exc:
+        reason = _reason(exc)
+    targets = result_paths(path)
+    name = f"{targets[0].stem[:64]}-unsaved-{time.strftime('%Y%m%d-%H%M%S')}"
+    failures = []
+    for folder in dict.fromkeys((targets[0].parent, Path(tempfile.gettempdir()))):
+        try:
+            kept = save(_unused(folder / name), False)
+        except (OSError, ConfigError) as exc:
+            failures.append(f"{folder}: {_reason(exc)}")
+            continue
+        raise NotSavedError(f"could not write {targets[0]} and {targets[1].name} ({reason}), so the measurements "
+                            f"were kept in {kept[0]} and {kept[1].name}; once the cause is fixed, rename them to "
+                            f"{targets[0].name} and {targets[1].name}", kept)
+    raise NotSavedError(f"could not write {targets[0]} and {targets[1].name} ({reason}), nor a copy "
+                        f"({'; '.join(failures)}): free some space or choose another --out path", None)
+
+
+def _reason(exc: OSError | ConfigError) -> str:
+    """The OS's words, or a refusal without its advice for an --out path."""
+    return getattr(exc, "strerror", None) or str(exc).split(";")[0]
+
+
+def _unused(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``...: the first whose pair names no existing file."""
+    candidate, number = base, 1
+    while any(p.exists() for p in result_paths(candidate)):
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
+def _scratch_path(target: Path, kind: str) -> Path:
+    """A new hidden name beside ``target`` for a temporary file (``tmp``) or a backup (``bak``): both
+    are ``.NAME.<8 hex digits>.KIND``, so ``check_output`` probes the length every scratch name has."""
+    return target.with_name(f".{target.name}.{secrets.token_hex(4)}.{kind}")
+
+
 def _write_temp(target: Path, text: str) -> Path:
     """``text`` in a new file beside ``target``, flushed to disk, with the mode a plain ``open`` gives."""
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    temp = _scratch_path(target, "tmp")
+    # O_EXCL: never into an existing file. 0o666 less the umask, as open() gives: results are meant
+    # to be shared like any file the user writes.
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        # mkstemp makes 0600 files; results are meant to be shared like any file the user writes.
-        os.chmod(name, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
-        Path(name).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise
-    return Path(name)
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the umask can only be read by setting it: put it straight back
-    os.umask(mask)
-    return mask
+    return temp
 
 
 def _backup(target: Path) -> Path:
     """A second name for ``target``'s current contents, to restore it if the pair cannot be placed."""
-    backup = target.with_name(f".{target.name}.{secrets.token_hex(4)}.bak")
+    backup = _scratch_path(target, "bak")
     try:
         os.link(target, backup)  # instant, and no second copy of the bytes
     except OSError:  # file systems without hard links
