@@ -3,6 +3,8 @@
 Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end).
 """
 
+# First: under `python -m cglab`, a Ctrl-C during the seconds of importing torch below gets one line.
+from cglab import _interrupt  # noqa: F401
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import PAD_SLOT_ID, BlockTables, InputBuffers
 from cglab.capture import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy

@@ -288,7 +288,7 @@ def _run_startup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save(save: Callable[[Path, bool], tuple[Path, Path]], args: argparse.Namespace,
+def _save(save: Callable[[str | Path, bool], tuple[Path, Path]], args: argparse.Namespace,
           everything: dict[str, object]) -> tuple[Path, Path]:
     """Save at ``--out``; if the file system refuses, keep the result elsewhere (``save_or_keep``), or
     at least print it: minutes of measuring must not be lost to their last step."""

@@ -1,14 +1,17 @@
 """Recorded results are never overwritten without ``--force``, and a write never leaves a half file:
 it goes to a temporary file beside the target, which is then renamed over it. A run whose final
-save fails keeps its measurements under a new name and says where, in one line."""
+save fails keeps its measurements under a new name and says where, in one line; a Ctrl-C at any
+point is one line and exit status 130."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +21,10 @@ from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
 from cglab.bench import files as results
 from cglab.bench import startup
 from cglab.bench.startup import STARTUP_COLUMNS, StartupResult, load_startup
+from cglab import cli
 from cglab.cli import main
 
+PACKAGE = Path(cli.__file__).parent
 STAMP = "20250101-120000"
 TINY = ["--quick", "--device", "cpu", "--modes", "none", "--batch-sizes", "1", "--repeats", "5", "--warmup", "1"]
 
@@ -193,3 +198,124 @@ def test_a_file_system_error_during_the_run_is_one_line(tmp_path: Path, capsys: 
     monkeypatch.setattr(bench, "run_bench", full)
     assert main(["bench", "--quick", "--out", str(tmp_path / "run")]) == 1
     assert "No space left on device" in _one_line_error(capsys.readouterr().err)
+
+
+# ----------------------------------------------------------------------------------- Ctrl-C
+# `python -m cglab`, exactly as Python runs it (runpy; argv[0] reads "-m" while the package imports),
+# with a Ctrl-C arriving when torch starts to be imported: seconds before main() runs.
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["-m", *sys.argv[1:]]
+runpy._run_module_as_main("cglab")
+"""
+
+
+def test_ctrl_c_while_importing_torch_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, "bench", "--quick", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "python -m cglab: interrupted\n", "")
+
+
+def test_a_real_early_ctrl_c_is_one_line(tmp_path: Path) -> None:
+    """SIGINT half a second in: Python is long started and still importing (seconds); nothing is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1 and err.endswith(": interrupted\n") and out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+# `python -m cglab bench` over a recorded pair, with a Ctrl-C between the two renames of the save
+# (the measurement is canned: the save is what is tested). The first rename must be undone.
+INTERRUPTED_SAVE = """
+import os, runpy, signal, sys
+
+sys.argv = ["-m", *sys.argv[1:]]
+import cglab.bench
+from cglab.bench import BenchResult, CSV_COLUMNS
+
+row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
+cglab.bench.run_bench = lambda *args, **kwargs: BenchResult([row], {"backend": "sim"}, {})
+real_replace = os.replace
+
+def replace(src, dst):
+    if str(dst).endswith(".json"):
+        os.kill(os.getpid(), signal.SIGINT)
+    real_replace(src, dst)
+
+os.replace = replace
+runpy._run_module_as_main("cglab")
+"""
+
+
+def test_ctrl_c_during_the_save_of_python_m_cglab_keeps_the_old_pair(tmp_path: Path) -> None:
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_SAVE, "bench", "--quick", "--force", "--out",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "python -m cglab bench: interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]
+    assert [(tmp_path / name).read_text() for name in ("run.csv", "run.json")] == ["recorded .csv", "recorded .json"]
+
+
+# After main() returns, a KeyboardInterrupt in the interpreter's teardown (here an atexit callback)
+# would print "Exception ignored" and a traceback; __main__ makes that Ctrl-C end the process by the signal.
+# cglab.cli is stubbed so that no torch is imported: only __main__'s own lines run.
+INTERRUPTED_TEARDOWN = """
+import atexit, os, runpy, signal, sys, time, types
+
+cli = types.ModuleType("cglab.cli")
+cli.main = lambda: print("wrote run.csv and run.json") or 0
+sys.modules["cglab"] = types.ModuleType("cglab")
+sys.modules["cglab.cli"] = cli
+sys.modules["cglab._interrupt"] = types.SimpleNamespace(keyboard_interrupt_from_here=lambda: None)
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+def test_ctrl_c_in_the_teardown_ends_at_once_and_keeps_the_output() -> None:
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout to a pipe, as usual
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_TEARDOWN, str(PACKAGE / "__main__.py")],
+                          capture_output=True, text=True, timeout=30, env=buffered)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGINT, "")  # the shell reports 130
+    assert proc.stdout == "wrote run.csv and run.json\n"  # flushed before the signal could end it
+
+
+@pytest.mark.parametrize("where", ["parser", "measuring", "saving"])
+def test_ctrl_c_in_main_is_one_line_and_loses_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
+
+    def ctrl_c(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    if where == "parser":  # the subcommands' modules import as the parser is built
+        monkeypatch.setattr(cli, "build_parser", ctrl_c)
+    elif where == "measuring":
+        monkeypatch.setattr(bench, "run_bench", ctrl_c)
+    else:  # between the two renames of the pair: the first is undone
+        _canned(monkeypatch, "bench")
+        real_replace = results.os.replace
+        monkeypatch.setattr(results.os, "replace",
+                            lambda src, dst: ctrl_c() if str(dst).endswith(".json") else real_replace(src, dst))
+    try:
+        status = main(["bench", "--quick", "--force", "--out", str(tmp_path / "run")])
+    except KeyboardInterrupt:  # let through, it would stop the whole test session
+        pytest.fail("main() let the KeyboardInterrupt through")
+    err = capsys.readouterr().err
+    assert status == 130
+    assert err == ("python -m cglab: interrupted\n" if where == "parser" else "python -m cglab bench: interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]
+    assert [(tmp_path / name).read_text() for name in ("run.csv", "run.json")] == ["recorded .csv", "recorded .json"]

@@ -218,14 +218,14 @@ def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns:
     return targets
 
 
-def save_or_keep(save: Callable[[Path, bool], tuple[Path, Path]], path: str | os.PathLike[str],
+def save_or_keep(save: Callable[[str | os.PathLike[str], bool], tuple[Path, Path]], path: str | os.PathLike[str],
                  force: bool = False) -> tuple[Path, Path]:
     """``save(path, force)``, and if that fails (disk full, a folder gone, a file that appeared
     meanwhile), the same result under a new name: first beside ``path``, then in the temporary
     folder, never over an existing file. Then ``NotSavedError`` says where it was kept, so that a
     finished measurement is never lost to its last step."""
     try:
-        return save(Path(path), force)
+        return save(path, force)  # as given: a Path would drop the "/" of "dir/", which names no file
     except (OSError, ConfigError) as exc:
         reason = _reason(exc)
     targets = result_paths(path)
