@@ -140,8 +140,8 @@ def _run_repro(args: argparse.Namespace) -> int:
                    "NO GRAPH REPLAYED (every step ran eagerly)" if no_graphs else "matches eager")
         what = (f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk
                 else "speculative steps" if result.num_speculative_tokens else "decode steps")
-        print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager| = "
-              f"{result.max_abs_diff:.3g}, caches diverged: {result.state_diverged} -> {verdict}")
+        print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager|: "
+              f"{result.max_abs_diff_text}, caches diverged: {result.state_diverged} -> {verdict}")
         if no_graphs:
             print("  no batch fitted a captured graph, so this run says nothing about graphs: use --batch-sizes "
                   "within --capture-sizes (and, for full_decode_only, decode steps)")

@@ -93,6 +93,16 @@ class ReproResult:
                 or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance))
 
     @property
+    def max_abs_diff_text(self) -> str:
+        """``max_abs_diff`` for print, the same on every machine: rounding (0 on one CPU, 1e-7 on another)
+        reads as the tolerance it is under; a divergence to three significant digits."""
+        if self.max_abs_diff is None:
+            return "n/a (no step compared)"
+        if self.max_abs_diff <= self.tolerance:
+            return f"below the tolerance {self.tolerance:g}"
+        return f"{self.max_abs_diff:.3g}"
+
+    @property
     def lost_acceptance(self) -> bool:
         """The graph runner's drafter accepted fewer drafts than the same drafter run eagerly: exact
         outputs, lost speed."""

@@ -28,7 +28,7 @@ from cglab.config import (
     resolve_splitting_ops,
     splitting_ops_contain_attention,
 )
-from cglab.errors import CapacityError, CaptureError, ConfigError
+from cglab.errors import CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphBackend, get_backend
 from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, min_cudagraph_support, prepare_attn
@@ -176,20 +176,20 @@ class ModelRunner:
 
     # ------------------------------------------------------------ start-up
     def profile_run(self) -> None:
-        """One forward over the largest batch with no metadata, before any capture, as vLLM's start-up
-        runs one to measure memory. Layers see ``attn_metadata=None`` and take their profiling branch.
+        """One forward over the largest batch with no metadata before any capture, as vLLM's start-up
+        runs to measure memory: layers see ``attn_metadata=None`` and take their profiling branch.
 
-        With the compiled flavor this is the first compiled call: dynamo traces the model here, without
-        metadata, so a guard in plain Python in ``forward`` (``ToyConfig(python_guards=True)``) is
-        decided now, for good. Strict layers have no profiling branch (that makes them strict): for
-        them the toy skips this run, so that they fail where the lesson needs it, at capture.
+        Compiled, this is the first call: dynamo traces here, at the largest size (never at a capture
+        size: inductor on CUDA cannot lower a model traced at 1 token), and decides a guard in plain
+        Python (``ToyConfig(python_guards=True)``) for good. Strict layers have no profiling branch: the
+        run stops in the first one (vLLM's would crash), after the trace, so they fail at capture.
         """
-        if self.config.strict_layers:
-            return
         num_tokens = self.config.max_num_tokens
         try:
             with set_forward_context(None, CUDAGraphMode.NONE):
                 self.forward_model(self.input_buffers.input_ids[:num_tokens], self.input_buffers.positions[:num_tokens])
+        except MissingMetadataError:  # only a strict layer raises it: the trace is done, capture will fail
+            pass
         except CaptureError as exc:  # same type, so callers can still tell the rules apart
             raise type(exc)(f"the profiling run before capture (the model's first compiled call, where torch.compile "
                             f"traces it) failed: {exc}") from exc

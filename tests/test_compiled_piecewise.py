@@ -212,3 +212,17 @@ def test_the_wrappers_own_address_check_names_a_replaced_argument():
         with cudagraph_capturing_enabled():
             unchecked(x)
         unchecked(x.clone())  # off (the default on CUDA): the stale replay goes through, silently
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["guarded", "strict"])
+@pytest.mark.parametrize("mode", ["full", "piecewise"])
+def test_the_model_is_traced_at_the_largest_size_whatever_the_capture_sizes(device: str, mode: str,
+                                                                            strict: bool) -> None:
+    """Dynamo traces once, in the profiling run, at ``max_num_tokens``, also for strict layers (no
+    profiling branch) and a single capture size of 1. On CUDA, inductor lowers the pieces for that
+    trace's sizes: a model traced at 1 token failed to lower (CantSplit) under FULL."""
+    config = ToyConfig(capture_sizes=(1,), strict_layers=strict)
+    runner = ModelRunner(config, mode, device=device)
+    assert runner.forward_model.traced_num_tokens == config.max_num_tokens
+    assert runner.forward_model.backend.num_compiles == 1
+    assert runner.cudagraph_manager.captured_sizes == {CUDAGraphMode.parse(mode): [1]}

@@ -51,6 +51,7 @@ class CompiledModel:
         # Wall time of the call that compiled (tracing, splitting, compiling the pieces, one run):
         # vLLM logs this apart from capture time, since caches can remove it and nothing else.
         self.compile_seconds: float | None = None
+        self.traced_num_tokens: int | None = None  # the size dynamo traced at (its hint for every size)
         self._compiled = torch.compile(fresh_forward(model), backend=backend, fullgraph=True, dynamic=False,
                                        options={"guard_filter_fn": lambda guards: [False for _ in guards]})
 
@@ -61,6 +62,7 @@ class CompiledModel:
             return self._compiled(*inputs)
         for tensor in inputs:
             torch._dynamo.mark_dynamic(tensor, 0)
+        self.traced_num_tokens = inputs[0].shape[0]
         start = time.perf_counter()
         try:
             with _size_oblivious():

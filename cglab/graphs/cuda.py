@@ -6,6 +6,7 @@ Nothing here touches ``torch.cuda`` at import time, so CPU-only builds import th
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -69,6 +70,7 @@ class _CudaSession(CaptureSession):
         self._graph: torch.cuda.CUDAGraph | None = None
         self._index = -1
         self._stack = contextlib.ExitStack()
+        self._gc_was_enabled = True
 
     def __enter__(self) -> _CudaSession:
         # Work queued before the capture must not be mistaken for captured work.
@@ -77,10 +79,19 @@ class _CudaSession(CaptureSession):
             stack.enter_context(self._backend._on_side_stream())
             stack.enter_context(self._mode)
             self._stack = stack.pop_all()
+        # A graph left in a reference cycle (a failed capture's traceback holds one) is freed whenever
+        # Python's cycle collector runs, and freeing a graph during a capture invalidates that capture.
+        # So the collector waits until the session ends; what it would have freed is freed after it.
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stack.__exit__(*exc)
+        try:
+            self._stack.__exit__(*exc)
+        finally:
+            if self._gc_was_enabled:
+                gc.enable()
 
     def start_segment(self, index: int) -> None:
         graph = torch.cuda.CUDAGraph()
