@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import warnings
 
@@ -166,31 +165,6 @@ def test_host_sync_raises_and_backend_stays_usable(backend: GraphBackend, kind: 
     assert counter.cpu().item() == 0.0  # the abandoned capture left no trace
     print(x)  # printing works again outside capture
     graph, y = backend.capture(lambda: x + 1)
-    graph.replay()
-    backend.synchronize()
-    assert torch.equal(y.cpu(), torch.tensor([2.0, -1.0, 4.0]))
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NEEDS_GPU)
-def test_a_graph_freed_by_the_cycle_collector_cannot_break_a_capture() -> None:
-    """A graph left in a reference cycle (a failed test's traceback holds one) is freed when Python's
-    cycle collector runs; freeing it during another capture would invalidate that capture."""
-    backend = get_backend("cuda")
-    x = _buf(backend, 1.0, -2.0, 3.0)
-    stale = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(stale):
-        x * 2
-    cycle: list[object] = [stale]
-    cycle.append(cycle)
-    del stale, cycle
-    threshold = gc.get_threshold()
-    gc.set_threshold(1)  # collect at nearly every allocation: inside the capture, unless it is kept out
-    try:
-        graph, y = backend.capture(lambda: x + 1)
-    finally:
-        gc.set_threshold(*threshold)
-    assert gc.isenabled()
     graph.replay()
     backend.synchronize()
     assert torch.equal(y.cpu(), torch.tensor([2.0, -1.0, 4.0]))
