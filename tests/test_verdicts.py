@@ -166,8 +166,10 @@ def test_check_exit_code_for_every_reason(monkeypatch: pytest.MonkeyPatch, capsy
         assert json.loads(out.splitlines()[-1])["error"] == found.error
 
 
-@pytest.mark.parametrize(("diff", "text"), [(0.0, "below the tolerance 0.0001"), (4.77e-7, "below the tolerance 0.0001"),
-                                            (1e-4, "below the tolerance 0.0001"), (ABOVE, "0.000244"),
+WITHIN = "below the tolerance 0.0001"
+
+
+@pytest.mark.parametrize(("diff", "text"), [(0.0, WITHIN), (4.77e-7, WITHIN), (1e-4, WITHIN), (ABOVE, "0.000244"),
                                             (0.4471, "0.447"), (None, "n/a (no step compared)")])
 def test_the_printed_difference_is_the_same_for_any_rounding(diff: float | None, text: str) -> None:
     """What notebooks and the CLI print: 0 on one CPU and 5e-7 on another read the same."""

@@ -80,8 +80,9 @@ class _CudaSession(CaptureSession):
             stack.enter_context(self._mode)
             self._stack = stack.pop_all()
         # A graph left in a reference cycle (a failed capture's traceback holds one) is freed whenever
-        # Python's cycle collector runs, and freeing a graph during a capture invalidates that capture.
-        # So the collector waits until the session ends; what it would have freed is freed after it.
+        # Python's cycle collector runs; torch's reset of a graph is not allowed while a stream captures,
+        # and a test's capture was seen invalidated that way. So the collector waits until the session
+        # ends; what it would have freed is freed after it.
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
         return self
