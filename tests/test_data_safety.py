@@ -201,6 +201,9 @@ def test_a_file_system_error_during_the_run_is_one_line(tmp_path: Path, capsys: 
 
 
 # ----------------------------------------------------------------------------------- Ctrl-C
+# Each child starts with Ctrl-C's default action: a shell that runs a job in the background (`make test &`)
+# ignores SIGINT for it, the children would inherit that, and no Ctrl-C could ever arrive.
+CTRL_C_ACTIVE = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)}
 # `python -m cglab`, exactly as Python runs it (runpy; argv[0] reads "-m" while the package imports),
 # with a Ctrl-C arriving when torch starts to be imported: seconds before main() runs.
 INTERRUPTED_IMPORT = """
@@ -219,14 +222,14 @@ runpy._run_module_as_main("cglab")
 
 def test_ctrl_c_while_importing_torch_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, "bench", "--quick", "--out", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, **CTRL_C_ACTIVE)
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "python -m cglab: interrupted\n", "")
 
 
 def test_a_real_early_ctrl_c_is_one_line(tmp_path: Path) -> None:
     """SIGINT half a second in: Python is long started and still importing (seconds); nothing is written."""
     proc = subprocess.Popen([sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C_ACTIVE)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -262,7 +265,7 @@ def test_ctrl_c_during_the_save_of_python_m_cglab_keeps_the_old_pair(tmp_path: P
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
     proc = subprocess.run([sys.executable, "-c", INTERRUPTED_SAVE, "bench", "--quick", "--force", "--out",
-                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120, **CTRL_C_ACTIVE)
     assert (proc.returncode, proc.stderr) == (130, "python -m cglab bench: interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]
     assert [(tmp_path / name).read_text() for name in ("run.csv", "run.json")] == ["recorded .csv", "recorded .json"]
