@@ -17,11 +17,12 @@ export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/torchinductor
 # Python writes the bytecode of what it imports (pip installs without it, see below), even where the
 # shell says not to: without it every process would compile torch's sources again.
 unexport PYTHONDONTWRITEBYTECODE
-# The toy's tensors are tiny: one thread is as fast, and it keeps timings and float rounding the
-# same whether the machine is idle or busy.
-export OMP_NUM_THREADS := 1
+# Nothing here sets the thread count: the notebooks (setup_notebook), the tests (conftest) and the
+# CLI set one thread themselves, so a plain `pytest --nbval notebooks` gives what `make test` gives.
+# The checks run with the variable unset, as on a CI runner that has never heard of it.
+unexport OMP_NUM_THREADS
 
-.PHONY: setup lab test test-e2e notebooks html clean
+.PHONY: setup lab test test-e2e test-gpu notebooks html clean
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -55,7 +56,7 @@ lab: $(STAMP)
 # busy, so running them together saved no time, and it starved the browser tests' clocks (Run All
 # and redraw timeouts). Both parts run whatever the first one's result; either failing fails.
 test: $(STAMP)
-	@MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg) tests; \
+	@MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval) tests; \
 	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
 	test $$unit -eq 0 && test $$e2e -eq 0
 
@@ -69,6 +70,12 @@ ifeq ($(CHROMIUM),)
 else
 	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -m e2e tests/test_e2e_lab.py tests/test_e2e_html.py
 endif
+
+# On a GPU box: the unit tests (their cuda halves), every notebook executed on the GPU (not saved) and
+# README's repro examples with --device cuda --check; one summary at the end (tools/test_gpu.py).
+# PY=python3 uses a Python that already has torch with CUDA (and Jupyter), instead of the venv.
+test-gpu: $(if $(filter $(PY),$(VENV)/bin/python),$(STAMP))
+	MPLBACKEND=Agg $(PY) tools/test_gpu.py
 
 # Re-execute every notebook in a clean kernel on the CPU and save the outputs (commit them).
 notebooks: $(STAMP)

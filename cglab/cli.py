@@ -320,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         prog = f"{parser.prog} {args.command}"
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
         return args.func(args)
     except KeyboardInterrupt:  # at any step, the parser's imports included
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -55,6 +55,7 @@ def describe_environment(device: str = "cpu") -> str:
     import matplotlib
 
     from cglab import __version__
+    from cglab.compilation.backends import auto_compiler
     from cglab.graphs import get_backend
 
     backend = get_backend("auto", device)
@@ -69,6 +70,7 @@ def describe_environment(device: str = "cpu") -> str:
         f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})",
         f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}",
         f"device: {device}; graph backend: {backend.name} = {backend.label}",
+        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}",
     ]
     return "\n".join(lines)
 

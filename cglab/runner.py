@@ -18,6 +18,7 @@ from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatc
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.capture import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
+from cglab.compilation.backends import COMPILERS, auto_compiler
 from cglab.config import (
     OP_OF_KIND,
     CUDAGraphMode,
@@ -89,7 +90,7 @@ class ModelRunner:
         ``"breakable"`` (vLLM's ``use_breakable_cg``) captures the plain model in one breakable capture.
         With the compiled flavor FULL graphs are captured from the compiled model too.
         ``compile_backend``: how compiled pieces are compiled, ``"inductor"`` or ``"eager"`` (the FX
-        piece as it is); ``"auto"`` is inductor on CUDA, eager on the CPU (no C++ toolchain needed).
+        piece as it is); ``"auto"``: inductor on CUDA, eager on the CPU, unless ``$CGLAB_COMPILE_BACKEND`` says.
 
         ``uniform_decode_by_shape=True`` classifies a batch as uniform decode from its shape alone, as
         vLLM did before PR #51865: a prompt chunk of one token per request then takes a decode graph.
@@ -119,11 +120,12 @@ class ModelRunner:
         if not isinstance(check_addresses, (bool, type(None))):
             raise ConfigError(f"check_addresses must be True, False or None (the backend's default), "
                               f"got {check_addresses!r}")
-        if compile_backend not in ("auto", "eager", "inductor"):
+        if compile_backend not in ("auto", *COMPILERS):
             raise ConfigError(f"unknown compile_backend {compile_backend!r}; use 'auto', 'eager' or 'inductor'")
         check_positive_int("decode_query_len", decode_query_len)
         self.config = config
         self.device = resolve_device(device)
+        self.compile_backend = auto_compiler(self.device.type) if compile_backend == "auto" else compile_backend
         requested = CUDAGraphMode.parse(cudagraph_mode)
         self.legacy_skip_attn = legacy_skip_attn
         self.uniform_decode_by_shape = uniform_decode_by_shape
@@ -148,9 +150,6 @@ class ModelRunner:
         self.cudagraph_manager: CudaGraphManager | None = None
         # Resolved once here; a speculative drafter captures with the same backend and settings.
         self.graph_backend: GraphBackend | None = None
-        if compile_backend == "auto":
-            compile_backend = "inductor" if self.device.type == "cuda" else "eager"
-        self.compile_backend = compile_backend
         self.check_addresses = bool(check_addresses)
         if self.cudagraph_mode is not CUDAGraphMode.NONE:
             if backend == "auto":

@@ -69,3 +69,13 @@ def test_no_absolute_paths(path: Path) -> None:
              for text in [cell.source, *(t for o in cell.get("outputs", []) for t in _output_texts(o))]
              for m in ABSOLUTE_PATH.finditer(text)]
     assert not found, f"absolute paths (cell index, path): {found}; use paths relative to the notebook"
+
+
+@needs_notebooks
+@by_notebook
+def test_the_first_code_cell_sets_the_notebook_up(path: Path) -> None:
+    """``setup_notebook()`` pins one CPU thread (the saved outputs then read the same on any core count,
+    with or without OMP_NUM_THREADS) and, on a GPU, the lessons' compile backend."""
+    first = _code_cells(nbformat.read(path, as_version=4))[0].source
+    assert re.search(r"^(DEVICE = )?setup_notebook\(\)", first, re.MULTILINE), \
+        f"{path.name}: the first code cell must call setup_notebook() (from cglab.notebook)"

@@ -4,7 +4,8 @@
 
 Each notebook runs with its own folder as the working directory. A cell that raises fails the run
 (and nothing is saved for that notebook) unless the cell is tagged ``raises-exception``, so a
-deliberate error is always marked as one.
+deliberate error is always marked as one. ``--use-gpu --no-save --slowest 5`` checks the suite on a
+GPU and names the cells that took longest.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -20,16 +22,33 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
-def execute(path: Path, timeout: int) -> float:
-    """Run ``path`` top to bottom in a new kernel and write it back; return the seconds it took."""
+def execute(path: Path, timeout: int, save: bool = True, slowest: int = 0) -> float:
+    """Run ``path`` top to bottom in a new kernel and write it back; return the seconds it took.
+    ``slowest``: print that many of the slowest cells, with their seconds and first line."""
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            record_timing=False, resources={"metadata": {"path": str(path.parent)}})
+                            record_timing=slowest > 0, resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
-    nbformat.write(notebook, path)
+    if slowest:
+        _print_slowest(path, notebook, slowest)
+    if save:
+        nbformat.write(notebook, path)
     return seconds
+
+
+def _print_slowest(path: Path, notebook: nbformat.NotebookNode, count: int) -> None:
+    timed = []
+    for index, cell in enumerate(notebook.cells):
+        stamps = cell.metadata.pop("execution", None)  # the saved notebook keeps no timing
+        if cell.cell_type == "code" and stamps and "shell.execute_reply" in stamps:
+            begin, end = (datetime.fromisoformat(stamps[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            first = next((line for line in cell.source.splitlines() if line.strip()), "")
+            timed.append(((end - begin).total_seconds(), index, first))
+    for seconds, index, first in sorted(timed, reverse=True)[:count]:
+        print(f"  {path.name} cell {index}: {seconds:.1f} s  {first[:70]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default 120)")
     parser.add_argument("--use-gpu", action="store_true",
                         help="run on a visible GPU (real CUDA graphs); to check the suite there, not to commit")
+    parser.add_argument("--no-save", action="store_true", help="run only: leave the files as they are")
+    parser.add_argument("--slowest", type=int, default=0, metavar="N", help="print the N slowest cells of each")
     args = parser.parse_args(argv)
     if not args.use_gpu:
         # The saved outputs are the CPU ones, even on a machine with a GPU: they are what nbval checks.
@@ -45,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for path in args.notebooks:
         try:
-            seconds = execute(path, args.timeout)
+            seconds = execute(path, args.timeout, save=not args.no_save, slowest=args.slowest)
         except CellExecutionError as exc:
             print(f"FAILED {path}: an untagged cell raised (tag it raises-exception if that is the lesson)\n{exc}",
                   file=sys.stderr)

@@ -127,6 +127,17 @@ class BenchConfig:
                      batch_sizes=(1, 2, 4, 8), repeats=20, warmup=3, prompt_len=8, max_model_len=32, profile_steps=2)
         return cls(**{**quick, "quick": True, **overrides})
 
+    @classmethod
+    def live_preset(cls, device: str) -> BenchConfig:
+        """Notebook 05's live run, under half a minute. On a GPU: the GPU-sized model at batch 1, 16 and
+        128, the three rungs of the plain model (13 s on an H200; the compiled rows would add a cold
+        inductor compile each, about 20 s, and ``python -m cglab bench`` measures the whole ladder).
+        On a CPU: the quick preset at batch 1 and 8."""
+        if str(device).split(":")[0] == "cuda":
+            return cls(device=device, batch_sizes=(1, 16, 128), modes=("none", "piecewise", "full"),
+                       repeats=50, warmup=5, profile_steps=1)
+        return cls.quick_preset(device=device, batch_sizes=(1, 8), repeats=5, profile_steps=1)
+
     def toy_config(self) -> ToyConfig:
         """The engine's config: one request per batch row, caches just large enough for the run."""
         pool = max(self.batch_sizes)

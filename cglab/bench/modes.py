@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cglab.config import CUDAGraphMode
 
-__all__ = ["BENCH_MODES", "MODE_NAMES", "BenchMode", "available_modes"]
+__all__ = ["BENCH_MODES", "MODE_NAMES", "BenchMode", "available_modes", "bench_compiler"]
 
 
 @dataclass(frozen=True)
@@ -48,3 +48,9 @@ MODE_NAMES = tuple(BENCH_MODES)
 def available_modes(device_type: str) -> tuple[str, ...]:
     """Every row kind this device can measure, in ladder order."""
     return tuple(m.name for m in BENCH_MODES.values() if device_type == "cuda" or not m.cuda_only)
+
+
+def bench_compiler(device_type: str) -> str:
+    """How the benchmarks compile: vLLM's inductor on CUDA, whatever ``$CGLAB_COMPILE_BACKEND`` says
+    for the lessons, so a compiled row always measures what its description promises."""
+    return "inductor" if device_type == "cuda" else "eager"

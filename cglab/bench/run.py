@@ -15,7 +15,7 @@ import torch
 from cglab.bench.config import BenchConfig
 from cglab.bench.environment import collect_environment
 from cglab.bench.files import BenchResult
-from cglab.bench.modes import BENCH_MODES
+from cglab.bench.modes import BENCH_MODES, bench_compiler
 from cglab.bench.peer import ReduceOverheadForward, capture_safe, cudagraph_skips, record_peer
 from cglab.bench.profiling import profile_steps
 from cglab.bench.roofline import measure_bandwidth, roofline
@@ -112,7 +112,7 @@ def _make_runner(mode: str, toy: ToyConfig, device: torch.device, status: Callab
     # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
     # every backend so CPU and GPU time the same work.
     return ModelRunner(toy, kind.cg_mode, device=device, check_addresses=False, piecewise_flavor=flavor,
-                       progress=lambda d: status(f"captured {d}"))
+                       compile_backend=bench_compiler(device.type), progress=lambda d: status(f"captured {d}"))
 
 
 def _prefill(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> None:

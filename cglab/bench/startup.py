@@ -27,6 +27,7 @@ import torch
 from cglab.bench.config import BLOCK_SIZE, check_bounds, check_memory, choose_names
 from cglab.bench.environment import collect_environment
 from cglab.bench.files import read_pair, save_pair
+from cglab.bench.modes import bench_compiler
 from cglab.compilation import CompiledModel
 from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes, parse_layer_pattern
 from cglab.runner import ModelRunner, resolve_device
@@ -128,7 +129,8 @@ def _warm_process(toy: ToyConfig, device: torch.device) -> None:
     context and libraries) on a tiny model, so that it lands in no row."""
     tiny = ToyConfig(layers=("sconv", "attn"), hidden_size=toy.num_heads * 4, num_heads=toy.num_heads,
                      dtype=toy.dtype, max_num_reqs=2, capture_sizes=(1, 2))
-    ModelRunner(tiny, "full_and_piecewise", device=device, check_addresses=False).close()
+    ModelRunner(tiny, "full_and_piecewise", device=device, check_addresses=False,
+                compile_backend=bench_compiler(device.type)).close()
 
 
 def _start(toy: ToyConfig, device: torch.device, policy: str, flavor: str, path: str) -> dict[str, Any]:
@@ -136,7 +138,7 @@ def _start(toy: ToyConfig, device: torch.device, policy: str, flavor: str, path:
     with _cold_compiles():
         start = time.perf_counter()
         runner = ModelRunner(toy, policy, device=device, piecewise_flavor=flavor, legacy_skip_attn=path == "legacy",
-                             check_addresses=False)
+                             check_addresses=False, compile_backend=bench_compiler(device.type))
         startup = time.perf_counter() - start
     try:
         manager = runner.cudagraph_manager
