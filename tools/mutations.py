@@ -165,6 +165,14 @@ MUTATIONS = [
     Mutation("bench-drops-eager-launches", "eager-break launches dropped from PIECEWISE's launch count",
              "cglab/bench/run.py", "return graph.num_segments + eager_ops, graph.num_ops + eager_ops,",
              "return graph.num_segments, graph.num_ops + eager_ops,", ("tests/test_bench_launches.py",)),
+    Mutation("bench-follows-the-lessons-compiler", "the bench compiles as $CGLAB_COMPILE_BACKEND says, not as vLLM",
+             "cglab/bench/run.py", "compile_backend=bench_compiler(device.type), progress",
+             'compile_backend="auto", progress', ("tests/test_notebook_setup.py",)),
+    # ---------------------------------------------------------------- the notebooks' first cell
+    Mutation("setup-keeps-the-threads", "setup_notebook leaves torch's thread count as it found it",
+             "cglab/notebook.py", "    torch.set_num_threads(1)\n", "", ("tests/test_notebook_setup.py",)),
+    Mutation("auto-ignores-the-environment", "compile_backend='auto' ignores $CGLAB_COMPILE_BACKEND",
+             "cglab/compilation/backends.py", "return chosen or (", "return (", ("tests/test_notebook_setup.py",)),
 ]
 
 
