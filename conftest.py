@@ -18,4 +18,5 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # nbval absent (a plain GPU image) or not asked for
     if option.nbval_sanitize_with is None:
         option.nbval_sanitize_with = str(Path(__file__).parent / "tests" / "nbval_sanitize.cfg")
-    option.nbval_current_env = True
+    if not option.nbval_kernel_name:  # a kernel named on the command line wins
+        option.nbval_current_env = True
