@@ -258,7 +258,10 @@ def _interactive(explorer: Callable[..., Figure], controls: dict[str, Any], **fi
     for control in controls.values():
         control.observe(redraw.request, "value")
     redraw.request()  # the initial figure
-    return widgets.VBox([widgets.HBox(list(controls.values())), output])
+    # The row wraps: on a narrow window (a laptop, JupyterLab's file browser open) no control may end up
+    # behind a horizontal scrollbar.
+    row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+    return widgets.VBox([row, output])
 
 
 def interactive_decode_explorer(*, device: str = "cpu", max_step: int = 12) -> Any:

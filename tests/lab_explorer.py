@@ -30,7 +30,30 @@ _PLOT_FINGERPRINT = """(explorer) => {
   return source.length + ':' + (hash >>> 0).toString(16);
 }"""
 
+# The labels of the explorer's controls that reach past its right edge or the window's: on a narrow
+# window a row of controls that does not wrap hides its last ones behind a horizontal scrollbar.
+_OFF_SCREEN = """(explorer) => {
+  const right = Math.min(explorer.getBoundingClientRect().right, window.innerWidth) + 1;
+  return Array.from(explorer.querySelectorAll('.widget-inline-hbox'))
+    .filter(n => !n.closest('.widget-output') && n.getBoundingClientRect().right > right)
+    .map(n => (n.querySelector('.widget-label, .widget-label-basic') || n).textContent.replace('\u200b', '').trim());
+}"""
+
 KernelStatus = Callable[[], Awaitable[str]]
+NARROW_WIDTH = 1000  # a 1280-pixel laptop screen with JupyterLab's file browser open leaves about this
+
+
+async def _off_screen_when_narrow(explorer: Locator) -> list[str]:
+    """The controls ``_OFF_SCREEN`` finds in a window ``NARROW_WIDTH`` pixels wide."""
+    page = explorer.page
+    size = page.viewport_size
+    await page.set_viewport_size({"width": NARROW_WIDTH, "height": size["height"]})
+    await page.wait_for_timeout(300)  # one layout pass at the new size
+    try:
+        return await explorer.evaluate(_OFF_SCREEN)
+    finally:
+        await page.set_viewport_size(size)
+        await page.wait_for_timeout(300)
 
 
 async def plot_fingerprint(explorer: Locator) -> str | None:
@@ -169,6 +192,9 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     if initial is None:
         return ["shows no plot"], 0
     problems, steps = [], 0
+    off_screen = await _off_screen_when_narrow(explorer)
+    if off_screen:
+        problems.append(f"controls reach past the visible width (a learner must scroll sideways): {off_screen}")
     for number, control in enumerate(controls):
         await control.step(1)
         moved = await wait_for_new_plot(explorer, kernel_status, before=initial)
