@@ -339,6 +339,9 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
         taken.add(color)
         colors.append(color)
     for color, (label, result) in zip(colors, results.items()):
+        if result.error:  # nothing ran: a line or bars at the floor would read as exact agreement
+            steps_ax.plot([], [], color=color, ls="none", marker="x", label=f"{label}: capture failed")
+            continue
         diffs = np.maximum(np.asarray(result.step_diffs, dtype=float), floor)
         steps_ax.semilogy(np.arange(1, len(diffs) + 1), diffs, marker="o", ms=3, color=color, label=label)
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
@@ -352,6 +355,8 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     height = 0.8 / max(len(results), 1)
     base = floor / 2
     for i, (color, result) in enumerate(zip(colors, results.values())):
+        if result.error:
+            continue
         values = np.maximum([result.state_diffs.get(n, 0.0) for n in names], floor)
         state_ax.barh(np.arange(len(names)) + i * height, values - base, left=base, height=height, color=color)
     state_ax.set_xscale("log")
@@ -360,5 +365,10 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     state_ax.set_yticks(np.arange(len(names)) + height * (len(results) - 1) / 2, names, fontsize=8)
     state_ax.invert_yaxis()
     state_ax.set_xlabel("max |cache - eager cache| after the last step")
+    failed = [f"{label}:\ncapture failed ({result.error.split(':')[0]}), no caches to compare"
+              for label, result in results.items() if result.error]
+    if failed:
+        steps_ax.set_yscale("log")  # no line may have set it
+        state_ax.set_title("\n".join(failed), fontsize=8, color="gray", loc="right")
     fig.tight_layout()
     return fig

@@ -154,6 +154,16 @@ def test_pictures_of_graphs_and_padding():
     assert len(fig.axes) == 2
 
 
+def test_a_failed_capture_is_drawn_as_a_failure_not_as_data():
+    failed = run_repro("piecewise", legacy_skip_attn=True, strict_layers=True, steps=3)
+    fixed = run_repro("piecewise", strict_layers=True, steps=3)
+    assert failed.error and not fixed.error
+    steps_ax, state_ax = draw_divergence({"legacy": failed, "fixed": fixed}).axes
+    assert [line.get_label() for line in steps_ax.lines if len(line.get_xdata())] == ["fixed", "tolerance (rounding)"]
+    assert len(state_ax.patches) == len(fixed.state_diffs)  # the fixed run's bars only
+    assert state_ax.get_title() == "legacy:\ncapture failed (MissingMetadataError), no caches to compare"
+
+
 def test_text_pictures():
     runner = ModelRunner(ToyConfig(), "full_and_piecewise")
     decode_scenario(runner, 0)
