@@ -161,7 +161,7 @@ def test_a_failed_capture_is_drawn_as_a_failure_not_as_data():
     steps_ax, state_ax = draw_divergence({"legacy": failed, "fixed": fixed}).axes
     assert [line.get_label() for line in steps_ax.lines if len(line.get_xdata())] == ["fixed", "tolerance (rounding)"]
     assert len(state_ax.patches) == len(fixed.state_diffs)  # the fixed run's bars only
-    assert state_ax.get_title() == "legacy:\ncapture failed (MissingMetadataError), no caches to compare"
+    assert state_ax.get_title(loc="right") == "legacy:\ncapture failed (MissingMetadataError), no caches to compare"
 
 
 def test_text_pictures():
