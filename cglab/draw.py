@@ -22,6 +22,7 @@ from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.config import OP_OF_KIND, CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph
+from cglab.plots import path_colors
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
@@ -312,8 +313,6 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     return fig
 
 
-_DIVERGENCE_COLORS = {True: "tab:red", False: "tab:blue"}  # legacy capture, fixed capture
-_SPARE_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 
 
 def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
@@ -331,13 +330,7 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale
     tolerance = min((r.tolerance for r in results.values()), default=1e-4)
-    colors, taken = [], set()
-    for result in results.values():
-        color = _DIVERGENCE_COLORS[bool(result.legacy_skip_attn)]
-        if color in taken:  # two runs of one kind: the next colour of the cycle, not a duplicate
-            color = next(c for c in _SPARE_COLORS if c not in taken)
-        taken.add(color)
-        colors.append(color)
+    colors = path_colors(results.values())
     for color, (label, result) in zip(colors, results.items()):
         if result.error:  # nothing ran: a line or bars at the floor would read as exact agreement
             steps_ax.plot([], [], color=color, ls="none", marker="x", label=f"{label}: capture failed")

@@ -9,7 +9,7 @@ one) and returns it, so notebooks can lay figures out as they like.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
@@ -170,6 +170,22 @@ def plot_overview(result: BenchResult) -> Figure:
     return fig
 
 
+_PATH_COLORS = {True: "tab:red", False: "tab:blue"}  # legacy capture, fixed capture
+_SPARE_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def path_colors(results: Iterable[ReproResult]) -> list[str]:
+    """One colour per run, the same in every picture of the suite: legacy capture red, fixed capture
+    blue; a second run of one kind takes the next unused colour, never a duplicate."""
+    colors: list[str] = []
+    for result in results:
+        color = _PATH_COLORS[bool(result.legacy_skip_attn)]
+        if color in colors:
+            color = next(c for c in _SPARE_COLORS if c not in colors)
+        colors.append(color)
+    return colors
+
+
 def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = None) -> Axes:
     """Tokens a request gains per speculative step (its accepted drafts plus the target's own token),
     one line per run, against the same drafter run eagerly (the reference) and the two bounds: 1
@@ -184,9 +200,9 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
         raise ConfigError(f"the runs have different numbers of speculative tokens ({sorted(ks)}); plot them apart")
     (k,) = ks
     ax = _axes(ax)
-    for label, result in results.items():
+    for color, (label, result) in zip(path_colors(results.values()), results.items()):
         tokens = result.tokens_per_step
-        ax.plot(range(1, len(tokens) + 1), tokens, marker="o",
+        ax.plot(range(1, len(tokens) + 1), tokens, marker="o", color=color,
                 label=f"{label}: {_mean(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
     # On top, dashed: a run that matches the eager drafter lies right under it.
     reference = next(iter(results.values())).reference_tokens_per_step

@@ -250,8 +250,8 @@ def test_bad_requests_in_a_step_are_refused():
     assert runner.step(["a"], drafts={"a": [1, 2]}).num_drafts == [2]  # the refusals left the runner as it was
 
 
-def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2) -> ReproResult:
-    result = ReproResult("piecewise", "compiled", False, "attn,attn", "sim", {}, len(tokens_per_step), 0, {}, 0.0,
+def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2, legacy: bool = False) -> ReproResult:
+    result = ReproResult("piecewise", "compiled", legacy, "attn,attn", "sim", {}, len(tokens_per_step), 0, {}, 0.0,
                          False, None, num_speculative_tokens=k, acceptance_rate=acceptance,
                          reference_acceptance_rate=0.75)
     result.tokens_per_step, result.reference_tokens_per_step = tokens_per_step, [2.5, 2.5, 2.0]
@@ -259,8 +259,11 @@ def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2) ->
 
 
 def test_tokens_per_step_plot_draws_every_run_against_the_eager_drafter():
-    results = {"fixed": _spec_result([2.5, 2.5, 2.0], 0.75), "legacy": _spec_result([1.0, 1.5, 1.0], 0.125)}
+    results = {"fixed": _spec_result([2.5, 2.5, 2.0], 0.75),
+               "legacy": _spec_result([1.0, 1.5, 1.0], 0.125, legacy=True)}
     ax = plot_tokens_per_step(results)
+    colors = {line.get_label().split(":")[0]: line.get_color() for line in ax.get_lines()}
+    assert (colors["fixed"], colors["legacy"]) == ("tab:blue", "tab:red")  # as in every picture of the suite
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()
              if not line.get_label().startswith("_")}
     assert lines == {"eager drafter (reference): 2.33 tokens/step": [2.5, 2.5, 2.0],
