@@ -36,21 +36,32 @@ _OFF_SCREEN = """(explorer) => {
   const right = Math.min(explorer.getBoundingClientRect().right, window.innerWidth) + 1;
   return Array.from(explorer.querySelectorAll('.widget-inline-hbox'))
     .filter(n => !n.closest('.widget-output') && n.getBoundingClientRect().right > right)
-    .map(n => (n.querySelector('.widget-label, .widget-label-basic') || n).textContent.replace('\u200b', '').trim());
+    .map(n => Array.from(n.querySelectorAll('.widget-label, .widget-label-basic'))
+      .map(label => label.textContent.replace(/\u200b/g, '').trim()).find(text => text) || n.className);
 }"""
 
 KernelStatus = Callable[[], Awaitable[str]]
 NARROW_WIDTH = 1000  # a 1280-pixel laptop screen with JupyterLab's file browser open leaves about this
+LAYOUT_SETTLE_S = 5.0
 
 
 async def _off_screen_when_narrow(explorer: Locator) -> list[str]:
-    """The controls ``_OFF_SCREEN`` finds in a window ``NARROW_WIDTH`` pixels wide."""
+    """The controls ``_OFF_SCREEN`` finds in a window ``NARROW_WIDTH`` pixels wide.
+
+    JupyterLab lays its panels out again some frames after the window changes size, later still while
+    the kernels keep the cores busy: a row counts as off screen only if it is still there after
+    ``LAYOUT_SETTLE_S``.
+    """
     page = explorer.page
     size = page.viewport_size
     await page.set_viewport_size({"width": NARROW_WIDTH, "height": size["height"]})
-    await page.wait_for_timeout(300)  # one layout pass at the new size
     try:
-        return await explorer.evaluate(_OFF_SCREEN)
+        deadline = time.monotonic() + LAYOUT_SETTLE_S
+        while True:
+            await page.wait_for_timeout(200)
+            off_screen = await explorer.evaluate(_OFF_SCREEN)
+            if not off_screen or time.monotonic() > deadline:
+                return off_screen
     finally:
         await page.set_viewport_size(size)
         await page.wait_for_timeout(300)
