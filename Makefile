@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(TORCH_INDEX_URL),$(PIP_INSTALL) torch==2.13.0 --index-url $(TORCH_INDEX_URL))
 	$(PIP_INSTALL) -e ".[dev]"
-	$(PY) -c "import cglab.widgets, torch._dynamo, ipykernel.kernelapp, nbval, jupyterlab"
+	$(PY) -c "import cglab.lab.widgets, torch._dynamo, ipykernel.kernelapp, nbval, jupyterlab"
 	touch $(STAMP)
 
 # Only the environment, for those who work from a terminal (lab and test do this themselves).

@@ -7,7 +7,7 @@ Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bu
 from cglab import _interrupt  # noqa: F401
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import PAD_SLOT_ID, BlockTables, InputBuffers
-from cglab.capture import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
+from cglab.cudagraph_utils import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import (

@@ -35,7 +35,7 @@ class ForwardContext:
 # The forward pass in progress in this thread/context, or None. A ContextVar, not a module global:
 # a Jupyter kernel can run two widget callbacks at once on different threads, and with a global one
 # thread's layers read the other thread's metadata (wrong shapes, wrong slots). Each thread (and each
-# asyncio task) sees only the context it set, as in cglab/graphs/breakable.py.
+# asyncio task) sees only the context it set, as in cglab/graphs/capture_driver.py.
 _CURRENT: ContextVar[ForwardContext | None] = ContextVar("cglab_forward_context", default=None)
 
 

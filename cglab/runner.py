@@ -16,7 +16,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.capture import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
+from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
 from cglab.compilation.backends import COMPILERS, auto_compiler
 from cglab.config import (

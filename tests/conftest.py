@@ -48,7 +48,7 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Graph replays served while the test runs, by mode ("full", "piecewise"): counted where the
     manager really replays (``CudaGraphManager.replay``), so a run whose steps all went eager, or a
     descriptor that claims a graph the step never replayed, shows up as a missing count."""
-    from cglab.capture import CudaGraphManager
+    from cglab.cudagraph_utils import CudaGraphManager
 
     counts: Counter[str] = Counter()
     original = CudaGraphManager.replay

@@ -20,7 +20,7 @@ from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, sav
 from cglab.bench import files as results
 from cglab.cli import main
 from cglab.errors import ConfigError
-from cglab.plots import (
+from cglab.lab.plots import (
     SIM_LABEL,
     plot_kernel_floor,
     plot_ladder,

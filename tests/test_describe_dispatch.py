@@ -1,7 +1,7 @@
 """``describe_dispatch``: the table of batch shape -> descriptor, per policy, that notebooks 02 and 03 print."""
 
 from cglab import ModelRunner, ToyConfig
-from cglab.draw import BatchShape, describe_dispatch
+from cglab.lab.draw import BatchShape, describe_dispatch
 
 SIZES, MAX_REQS = (1, 2, 4, 8), 6
 

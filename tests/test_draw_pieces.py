@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cglab import BatchExecutionDescriptor, ConfigError, CUDAGraphMode, ModelRunner, ToyConfig
-from cglab.anatomy import Piece, describe_pieces, describe_replays, graph_pieces, trace_replay
-from cglab.draw import draw_graph_anatomy
+from cglab.lab.anatomy import Piece, describe_pieces, describe_replays, graph_pieces, trace_replay
+from cglab.lab.draw import draw_graph_anatomy
 
 CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 4))
 PIECEWISE_4 = BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, 4)

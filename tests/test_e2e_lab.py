@@ -68,7 +68,7 @@ ERROR_CELLS = [
     "1 / 0",
     "print('after')",
 ]
-WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.widgets import interactive_decode_explorer",
+WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.lab.widgets import interactive_decode_explorer",
                 "interactive_decode_explorer()",
                 "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)"]  # a widget, not an explorer
 

@@ -1,4 +1,4 @@
-"""The express path's picture (cglab.express): what a compiled piece recorded, with and without metadata."""
+"""The express path's picture (cglab.lab.express): what a compiled piece recorded, with and without metadata."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from cglab import ModelRunner, ToyConfig
 from cglab.errors import ConfigError
-from cglab.express import OpRow, compare_recordings, describe_recordings, draw_recordings, recorded_ops
+from cglab.lab.express import OpRow, compare_recordings, describe_recordings, draw_recordings, recorded_ops
 
 # The short conv's kernel as the toy records it: write the new state row, read the taps, convolve.
 SHORT_CONV_OPS = ["index_put_", "index", "ge", "where", "mul", "sum", "mul", "add"]
@@ -33,7 +33,7 @@ def test_pieces_without_stateful_layers_record_the_same(runners: dict[bool, Mode
 
 
 def test_counts_agree_with_the_anatomy(runners: dict[bool, ModelRunner]) -> None:
-    from cglab.anatomy import graph_pieces
+    from cglab.lab.anatomy import graph_pieces
 
     for runner in runners.values():
         (piece,) = [p for p in graph_pieces(runner) if p.name == "submod_0"]

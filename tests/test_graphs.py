@@ -18,7 +18,7 @@ from cglab.graphs import (
     get_backend,
     is_capturing,
 )
-from cglab.graphs.breakable import EagerStep, GraphSegment
+from cglab.graphs.capture_driver import EagerStep, GraphSegment
 
 NEEDS_GPU = "needs a CUDA GPU (runs on the GPU machine)"
 

@@ -78,4 +78,4 @@ def test_the_first_code_cell_sets_the_notebook_up(path: Path) -> None:
     with or without OMP_NUM_THREADS) and, on a GPU, the lessons' compile backend."""
     first = _code_cells(nbformat.read(path, as_version=4))[0].source
     assert re.search(r"^(DEVICE = )?setup_notebook\(\)", first, re.MULTILINE), \
-        f"{path.name}: the first code cell must call setup_notebook() (from cglab.notebook)"
+        f"{path.name}: the first code cell must call setup_notebook() (from cglab.lab.notebook)"

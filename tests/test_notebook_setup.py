@@ -14,7 +14,7 @@ from cglab.bench.config import BenchConfig
 from cglab.bench.run import _make_runner
 from cglab.compilation.backends import COMPILE_BACKEND_ENV, auto_compiler
 from cglab.errors import ConfigError
-from cglab.notebook import setup_notebook
+from cglab.lab.notebook import setup_notebook
 
 GPU = torch.cuda.is_available()
 

@@ -17,7 +17,7 @@ import torch
 
 from cglab import ConfigError, ModelRunner, ReproResult, ToyConfig
 from cglab.config import adjust_capture_sizes_for_spec_decode
-from cglab.plots import plot_tokens_per_step
+from cglab.lab.plots import plot_tokens_per_step
 from cglab.spec_decode import (
     SpecDecodeRunner,
     greedy_decode,

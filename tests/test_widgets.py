@@ -13,9 +13,10 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro, widgets
+from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro
+from cglab.lab import widgets
 from cglab.bench import BenchConfig, run_bench
-from cglab.draw import (
+from cglab.lab.draw import (
     describe_environment,
     describe_requests,
     describe_step,
@@ -24,8 +25,8 @@ from cglab.draw import (
     draw_graph_anatomy,
     draw_padding,
 )
-from cglab.draw_support import draw_capture_support
-from cglab.widgets import (
+from cglab.lab.draw_support import draw_capture_support
+from cglab.lab.widgets import (
     _interactive,
     cached_repro,
     case_label,

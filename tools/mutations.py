@@ -49,7 +49,7 @@ class Mutation:
 MUTATIONS = [
     # ---------------------------------------------------------------- capture
     Mutation("warmup-metadata-reused", "the warmup's metadata is reused for capture (vLLM #42444)",
-             "cglab/capture.py",
+             "cglab/cudagraph_utils.py",
              "                    with self.backend.warmup_context():\n"
              "                        create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)\n"
              "                    forward_fn = create_forward_fn(desc, warmup=False)",
@@ -58,25 +58,25 @@ MUTATIONS = [
              "                        forward_fn(CUDAGraphMode.NONE)",
              ("tests/test_lazy_metadata.py",)),
     Mutation("compiled-piecewise-no-warmup", "compiled PIECEWISE capture without its warmup run",
-             "cglab/capture.py",
+             "cglab/cudagraph_utils.py",
              "            forward_fn(CUDAGraphMode.NONE)\n            with cudagraph_capturing_enabled():",
              "            with cudagraph_capturing_enabled():",
              ("tests/test_lazy_metadata.py",)),
     Mutation("legacy-never-skips", "the legacy path builds metadata for compiled PIECEWISE too (no bug to see)",
-             "cglab/capture.py", "skip_attn=piecewise and not use_breakable_cg)", "skip_attn=False)",
+             "cglab/cudagraph_utils.py", "skip_attn=piecewise and not use_breakable_cg)", "skip_attn=False)",
              ("tests/test_bug_and_fix.py",)),
     Mutation("fix-builds-capture-metadata", "the fix gives PIECEWISE capture-safe metadata (for_capture=True)",
-             "cglab/capture.py", "full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)[0]", "full_cudagraph=True)[0]",
+             "cglab/cudagraph_utils.py", "full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)[0]", "full_cudagraph=True)[0]",
              ("tests/test_linear_attn.py",)),
     Mutation("manager-address-check-off", "the manager's address check never runs",
-             "cglab/capture.py", "if self.check_addresses and reads is not None:", "if False:",
+             "cglab/cudagraph_utils.py", "if self.check_addresses and reads is not None:", "if False:",
              ("tests/test_address_guard.py",)),
     Mutation("capture-order-smallest-first", "graphs captured smallest first",
              "cglab/batch.py", "key=lambda d: -d.num_tokens)", "key=lambda d: d.num_tokens)",
              ("tests/test_dispatch.py",)),
     # ---------------------------------------------------------------- compilation
     Mutation("token-dim-static", "the token dimension not marked dynamic: one static trace for every size",
-             "cglab/compilation/decorators.py",
+             "cglab/compilation/wrapper.py",
              "        for tensor in inputs:\n            torch._dynamo.mark_dynamic(tensor, 0)\n", "",
              ("tests/test_compiled_piecewise.py",)),
     Mutation("wrapper-address-check-off", "the piece wrapper's own address check replaced by `if False:`",
@@ -170,7 +170,7 @@ MUTATIONS = [
              'compile_backend="auto", progress', ("tests/test_notebook_setup.py",)),
     # ---------------------------------------------------------------- the notebooks' first cell
     Mutation("setup-keeps-the-threads", "setup_notebook leaves torch's thread count as it found it",
-             "cglab/notebook.py", "    torch.set_num_threads(1)\n", "", ("tests/test_notebook_setup.py",)),
+             "cglab/lab/notebook.py", "    torch.set_num_threads(1)\n", "", ("tests/test_notebook_setup.py",)),
     Mutation("auto-ignores-the-environment", "compile_backend='auto' ignores $CGLAB_COMPILE_BACKEND",
              "cglab/compilation/backends.py", "return chosen or (", "return (", ("tests/test_notebook_setup.py",)),
 ]

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from cglab.compilation.decorators import fresh_forward
+from cglab.compilation.wrapper import fresh_forward
 from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep
 

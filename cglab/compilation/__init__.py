@@ -7,7 +7,7 @@ vLLM: ``vllm/compilation/``. ``CompiledModel`` compiles once with a symbolic tok
 
 from cglab.compilation.backends import CglabBackend, PiecewiseGraph, SplitItem, split_graph
 from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
-from cglab.compilation.decorators import CompiledModel
+from cglab.compilation.wrapper import CompiledModel
 from cglab.custom_ops import direct_register_custom_op, registered_op_names
 
 __all__ = ["CUDAGraphWrapper", "CglabBackend", "CompiledModel", "PiecewiseGraph", "SplitItem",

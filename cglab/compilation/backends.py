@@ -24,7 +24,7 @@ from torch.fx.passes.split_module import split_module
 from cglab.compilation.cuda_graph import CUDAGraphWrapper
 from cglab.errors import CaptureError, ConfigError
 from cglab.graphs import CapturedGraph, EagerStep, GraphBackend, GraphSegment
-from cglab.graphs.breakable import Step
+from cglab.graphs.capture_driver import Step
 
 
 COMPILERS = ("eager", "inductor")
@@ -34,7 +34,7 @@ COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
 def auto_compiler(device_type: str) -> str:
     """What ``compile_backend="auto"`` means: ``$CGLAB_COMPILE_BACKEND`` where it is set, else inductor
     on CUDA (vLLM's) and eager on the CPU (the simulator records the FX pieces' aten ops, no C++
-    toolchain needed). The notebooks set it to eager on a GPU (``cglab.notebook.setup_notebook``)."""
+    toolchain needed). The notebooks set it to eager on a GPU (``cglab.lab.notebook.setup_notebook``)."""
     chosen = os.environ.get(COMPILE_BACKEND_ENV, "").strip().lower()
     if chosen and chosen not in COMPILERS:
         raise ConfigError(f"{COMPILE_BACKEND_ENV}={os.environ[COMPILE_BACKEND_ENV]!r} is not a compile backend; "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from cglab.errors import ConfigError
-from cglab.graphs.breakable import (
+from cglab.graphs.capture_driver import (
     CapturedGraph,
     EagerStep,
     GraphBackend,

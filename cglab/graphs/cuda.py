@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from cglab.errors import CaptureError, ConfigError
-from cglab.graphs.breakable import CaptureSession, GraphBackend, GraphSegment
+from cglab.graphs.capture_driver import CaptureSession, GraphBackend, GraphSegment
 from cglab.graphs.ops import OpCounter, _host_sync_error
 
 __all__ = ["CudaBackend", "CudaSegment"]

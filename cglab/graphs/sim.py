@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cglab.errors import CaptureError
-from cglab.graphs.breakable import CaptureSession, GraphBackend, GraphSegment
+from cglab.graphs.capture_driver import CaptureSession, GraphBackend, GraphSegment
 from cglab.graphs.ops import (
     _check_host_sync,
     _does_work,

@@ -28,7 +28,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.capture import CaptureForward, CudaGraphManager, prepare_capture_metadata
+from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, prepare_capture_metadata
 from cglab.config import CUDAGraphMode
 from cglab.forward_context import set_forward_context
 from cglab.metadata import AttentionGroup

@@ -3,7 +3,7 @@
 Every function returns a ``matplotlib.figure.Figure`` that pyplot does not manage, so a notebook
 shows it once (as the cell's value) and a test can draw it with no display at all. Text pictures
 (``describe_requests``, ``describe_step``, ``describe_dispatch``; a graph's pieces are in
-``cglab.anatomy``) return
+``cglab.lab.anatomy``) return
 strings, so notebooks can print them and nbval can check them.
 """
 
@@ -17,12 +17,12 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from cglab.anatomy import Piece, steps_as_pieces
+from cglab.lab.anatomy import Piece, steps_as_pieces
 from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.config import OP_OF_KIND, CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph
-from cglab.plots import path_colors
+from cglab.lab.plots import path_colors
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 

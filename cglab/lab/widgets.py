@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from cglab.bench import BenchResult
 from cglab.config import PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig, parse_piecewise_flavor
-from cglab.draw import DPI, draw_caches, draw_divergence
+from cglab.lab.draw import DPI, draw_caches, draw_divergence
 from cglab.errors import ConfigError
 from cglab.repro import ReproResult, run_repro
 from cglab.runner import ModelRunner
@@ -185,7 +185,7 @@ def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: 
 def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
                      batch_sizes: Sequence[int] | None = None) -> Figure:
     """Replay latency against batch size for the chosen modes and batch sizes of a bench result."""
-    from cglab.plots import plot_latency
+    from cglab.lab.plots import plot_latency
 
     if not isinstance(result, BenchResult):
         raise ConfigError(f"latency_explorer takes a BenchResult, e.g. load_results('data/...csv') or run_bench(...); "

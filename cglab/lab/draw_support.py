@@ -20,14 +20,14 @@ from matplotlib.patches import Patch
 
 from cglab.config import check_positive_int, dummy_query_lens
 from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
-from cglab.draw import DPI
+from cglab.lab.draw import DPI
 from cglab.errors import ConfigError
 
 __all__ = ["CaptureBatchSupport", "capture_support", "draw_capture_support"]
 
-_CAN = to_rgb("#59a14f")  # the green of cglab.draw's request palette
-_CANNOT = (0.85, 0.1, 0.1)  # cglab.draw's red: what goes wrong
-_INFO = (0.9, 0.9, 0.9)  # cglab.draw's grey: plain facts, no verdict
+_CAN = to_rgb("#59a14f")  # the green of cglab.lab.draw's request palette
+_CANNOT = (0.85, 0.1, 0.1)  # cglab.lab.draw's red: what goes wrong
+_INFO = (0.9, 0.9, 0.9)  # cglab.lab.draw's grey: plain facts, no verdict
 _OLD_FOR_CAPTURE, _FIXED_FOR_CAPTURE = True, False  # breakable PIECEWISE before and after PR #49364
 
 
