@@ -156,14 +156,6 @@ class CudagraphDispatcher:
         return [d for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
                 for d in sorted((d for d in self.descriptors if d.cg_mode is mode), key=lambda d: -d.num_tokens)]
 
-    @property
-    def sizes(self) -> dict[CUDAGraphMode, list[int]]:
-        """Captured token counts per runtime mode."""
-        out: dict[CUDAGraphMode, list[int]] = {}
-        for d in self.descriptors:
-            out.setdefault(d.cg_mode, []).append(d.num_tokens)
-        return out
-
     def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None) -> BatchExecutionDescriptor:
         """The descriptor for a real batch (NONE: run eagerly). ``uniform_token_count``: the tokens
         every request has, for a uniform decode batch; None for any other batch."""

@@ -17,10 +17,6 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise CapacityError(

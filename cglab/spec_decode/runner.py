@@ -21,7 +21,6 @@ from cglab.config import (
     ToyConfig,
     adjust_capture_sizes_for_spec_decode,
     check_num_speculative_tokens,
-    check_seed,
 )
 from cglab.errors import ConfigError
 from cglab.runner import ModelRunner, parse_token_ids
@@ -49,13 +48,12 @@ class SpecDecodeRunner:
     ``config``'s capture sizes are rounded to multiples of ``K + 1`` first (as vLLM does); the other
     keyword arguments go to the target ``ModelRunner`` (``device``, ``legacy_skip_attn``,
     ``piecewise_flavor``...), and the drafter captures with the same settings.
-    ``draft_seed``: the draft layers' weights (default: the config's seed plus one).
     ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
     """
 
     def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
                  num_speculative_tokens: int, draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
-                 draft_seed: int | None = None, frozen_step_index: bool = False, **runner_kwargs: Any) -> None:
+                 frozen_step_index: bool = False, **runner_kwargs: Any) -> None:
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"SpecDecodeRunner needs a ToyConfig, got {type(config).__name__}")
         k = check_num_speculative_tokens(num_speculative_tokens)
@@ -76,8 +74,8 @@ class SpecDecodeRunner:
         self.num_speculative_tokens = k
         self.target = ModelRunner(config, cudagraph_mode, decode_query_len=k + 1, draft_layers=pairs,
                                   return_hidden_states=True, **runner_kwargs)
-        seed = config.seed + 1 if draft_seed is None else check_seed(draft_seed)
-        self.speculator = AutoRegressiveSpeculator(self.target, k, draft_layers, seed=seed,
+        # The draft layers' weights differ from the target's, as a real drafter's would.
+        self.speculator = AutoRegressiveSpeculator(self.target, k, draft_layers, seed=config.seed + 1,
                                                    frozen_step_index=frozen_step_index)
         self.prompts: dict[str, list[int]] = {}
         self.next_token: dict[str, int] = {}  # each request's latest token, not yet run through the target
