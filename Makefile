@@ -2,7 +2,7 @@
 #   make lab    open the notebook suite in JupyterLab
 #   make test   run every test: unit tests and nbval on every notebook, then the browser tests
 # and one more for readers without a kernel:
-#   make html   the executed suite as static pages in build/html/ (plots and widgets, no network)
+#   make html   the committed, executed suite as static pages in build/html/ (plots and widgets, no network)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -22,7 +22,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The checks run with the variable unset, as on a CI runner that has never heard of it.
 unexport OMP_NUM_THREADS
 
-.PHONY: setup lab test test-e2e test-gpu notebooks html clean
+.PHONY: setup lab test test-e2e test-gpu notebooks html picture clean
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -45,9 +45,15 @@ setup: $(STAMP)
 
 # Containers often run as root, where Jupyter refuses to start without --allow-root.
 # The venv goes first on PATH, so `python -m cglab ...` in a JupyterLab terminal is the venv's Python.
+# No news or update toast over the first notebook: tools/jupyterlab_overrides.json sets the defaults of
+# JupyterLab's notification settings (it asks about news while fetchNews is "none", its default), and
+# the same two server options as the browser tests' server (tests/lab_server.py) stop the fetches.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/cglab.json
+LAB_QUIET := --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
 lab: $(STAMP)
+	mkdir -p $(dir $(LAB_OVERRIDES)) && cp tools/jupyterlab_overrides.json $(LAB_OVERRIDES)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" \
-	  $(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	  $(VENV)/bin/jupyter lab notebooks/ $(LAB_QUIET) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # -n auto: one pytest worker per core (pytest-xdist); --dist loadscope keeps each test file, and
 # each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel. The
@@ -81,9 +87,16 @@ test-gpu: $(if $(filter $(PY),$(VENV)/bin/python),$(STAMP))
 notebooks: $(STAMP)
 	$(PY) tools/execute_notebooks.py $(NOTEBOOKS)
 
-# Static pages of the committed (executed) notebooks; the widget manager is downloaded once into .cache/.
+# Static pages of the committed (executed) notebooks, each as HEAD holds it: Run All rewrites the files
+# on disk, and the pages should show what the suite ships (FROM=worktree builds the files as they are).
+# The widget manager is downloaded once into .cache/.
+FROM ?= head
 html: $(STAMP)
-	$(PY) tools/build_html.py --out build/html $(NOTEBOOKS)
+	$(PY) tools/build_html.py --from $(FROM) --out build/html $(NOTEBOOKS)
+
+# README's picture (docs/divergence.png), drawn by the suite's own plotting code from a real CPU run.
+picture: $(STAMP)
+	MPLBACKEND=Agg $(PY) tools/readme_picture.py --out docs/divergence.png
 
 clean:
 	rm -rf $(VENV) .cache
