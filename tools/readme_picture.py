@@ -4,9 +4,9 @@
 
 Runs the toy engine on the CPU simulator twice, compiled PIECEWISE captured the old way
 (``legacy_skip_attn=True``) and the fixed way, each against the same model run eagerly, and draws
-both with the suite's own plotting code: the figure of notebook 04, *The silent divergence*
-(``cglab.lab.widgets.divergence_explorer``). Nothing is drawn by hand; rerun it when the engine or
-the plot changes, and commit the PNG.
+both with the suite's own plotting code (``cglab.lab.draw.draw_divergence``, the picture of notebook
+04, *The silent divergence*). Nothing is drawn by hand; rerun it when the engine or the plot changes,
+and commit the PNG.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # a file, not a window: chosen before anything imports pyplot
 
+from cglab import run_repro
+from cglab.lab.draw import draw_divergence
 from cglab.lab.notebook import setup_notebook
-from cglab.lab.widgets import divergence_explorer
+from cglab.lab.widgets import verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write the PNG (default docs/divergence.png)")
     args = parser.parse_args(argv)
     device = setup_notebook("cpu")  # one thread, the simulator: the run the committed notebooks show
-    figure = divergence_explorer("piecewise", legacy=True, flavor="compiled", device=device)
+    runs = {f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
+            for path, legacy in (("old", True), ("fixed", False))}
+    figure = draw_divergence(runs)
+    layers = next(iter(runs.values())).layers
+    figure.suptitle(f"toy model {layers}, compiled PIECEWISE graphs replayed against the eager model\n"
+                    + "; ".join(f"{label}: {verdict(result)}" for label, result in runs.items()), fontsize=10)
+    figure.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # No "Software" stamp: the file changes only when the picture does.
     figure.savefig(args.out, format="png", metadata={"Software": None})
