@@ -1,31 +1,38 @@
 """cglab: how LLM inference engines capture CUDA graphs, and the missing-metadata bug, in a toy engine.
 
 Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end).
+
+The names below import on first use (PEP 562), so that ``import cglab`` costs nothing until one is
+needed: ``python -m cglab`` imports this package before it parses its arguments, and a typo there
+should be refused at once, not after the seconds it takes to import torch.
 """
 
-# First: under `python -m cglab`, a Ctrl-C during the seconds of importing torch below gets one line.
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# First: under `python -m cglab`, a Ctrl-C during the seconds of importing torch gets one line.
 from cglab import _interrupt  # noqa: F401
-from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
-from cglab.buffers import PAD_SLOT_ID, BlockTables, InputBuffers
-from cglab.cudagraph_utils import CudaGraphManager, prepare_inputs_to_capture, prepare_inputs_to_capture_legacy
-from cglab.config import CUDAGraphMode, ToyConfig
-from cglab.cudagraph_support import AttentionCGSupport
-from cglab.errors import (
-    AddressChangedError,
-    CapacityError,
-    CaptureError,
-    CglabError,
-    ConfigError,
-    MetadataBuildError,
-    MissingMetadataError,
-)
-from cglab.forward_context import get_forward_context, set_forward_context
-from cglab.metadata import prepare_attn
-from cglab.model import ToyTransformer
-from cglab.repro import ReproResult, run_repro
-from cglab.runner import ModelRunner, StepOutput, state_differences
 
 __version__ = "0.1.0"
+
+# Where each public name lives; ``from cglab import ModelRunner`` imports ``cglab.runner`` then.
+_EXPORTS = {
+    "cglab.batch": ("BatchExecutionDescriptor", "CudagraphDispatcher", "InputBatch"),
+    "cglab.buffers": ("PAD_SLOT_ID", "BlockTables", "InputBuffers"),
+    "cglab.cudagraph_utils": ("CudaGraphManager", "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy"),
+    "cglab.config": ("CUDAGraphMode", "ToyConfig"),
+    "cglab.cudagraph_support": ("AttentionCGSupport",),
+    "cglab.errors": ("AddressChangedError", "CapacityError", "CaptureError", "CglabError", "ConfigError",
+                     "MetadataBuildError", "MissingMetadataError"),
+    "cglab.forward_context": ("get_forward_context", "set_forward_context"),
+    "cglab.metadata": ("prepare_attn",),
+    "cglab.model": ("ToyTransformer",),
+    "cglab.repro": ("ReproResult", "run_repro"),
+    "cglab.runner": ("ModelRunner", "StepOutput", "state_differences"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "PAD_SLOT_ID", "AddressChangedError", "AttentionCGSupport", "BatchExecutionDescriptor", "BlockTables",
@@ -35,3 +42,17 @@ __all__ = [
     "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy", "run_repro", "set_forward_context",
     "state_differences",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that holds ``name`` and keep the name here, so the next access is plain."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cglab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

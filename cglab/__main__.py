@@ -2,10 +2,9 @@ import contextlib
 import signal
 import sys
 
-from cglab import _interrupt
 from cglab.cli import main
 
-_interrupt.keyboard_interrupt_from_here()  # imports done: main() handles a Ctrl-C, undoing a save in progress
+# main() checks the arguments, imports torch, then handles a Ctrl-C itself (undoing a save in progress).
 status = main()
 # The work is done and written. Tearing the interpreter down takes about a second (torch's objects),
 # and a KeyboardInterrupt raised in it would print "Exception ignored" tracebacks: once what main()

@@ -1,29 +1,61 @@
-"""``python -m cglab``: the headless entry points (``repro``, ``bench``, ``startup``; more register here)."""
+"""``python -m cglab``: the headless entry points (``repro``, ``bench``, ``startup``; more register here).
+
+Arguments are parsed and checked before torch is imported (seconds): a typo is refused at once. So
+this module, and everything it imports at the top, stays free of torch; the commands import the
+engine when they run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
-import torch
-
-from cglab.config import LAYER_KINDS, MAX_LAYERS, MAX_SPECULATIVE_TOKENS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode
+from cglab import _interrupt
+from cglab.config import (
+    DEVICES,
+    LAYER_KINDS,
+    MAX_LAYERS,
+    MAX_SPECULATIVE_TOKENS,
+    OP_OF_KIND,
+    PIECEWISE_FLAVORS,
+    CUDAGraphMode,
+)
 from cglab.errors import CglabError, ConfigError, NotSavedError
 
-if TYPE_CHECKING:
-    from cglab.repro import ReproResult
+PROG = "python -m cglab"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's own "(default: ...)" after each option's help, and the examples kept as written.
+    Options whose default is None work theirs out from other options: their help says how."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
     """Bad arguments get one line naming the argument, not a usage dump or a traceback."""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def examples(*lines: tuple[str, str]) -> str:
+    """An epilog of example command lines, each with what it shows (a shell comment, so the block pastes)."""
+    return "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in lines)
+
+
+def described(text: str) -> str:
+    """A description filled to the help's width by hand (the formatter keeps text as written, for the examples)."""
+    return textwrap.fill(" ".join(text.split()), width=88)
 
 
 def _items(text: str) -> list[str]:
@@ -46,14 +78,29 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+REPRO_EXAMPLES = (
+    (f"{PROG} repro --legacy-skip-attn", "the bug: compiled PIECEWISE diverges from eager, and nothing raises"),
+    (f"{PROG} repro --check", "the fix: matches eager, exit 0"),
+    (f"{PROG} repro --num-speculative-tokens 2 --layers attn,attn --legacy-skip-attn",
+     "a broken drafter: its caches diverge, the outputs stay exact, the acceptance rate drops"),
+    (f"{PROG} repro --mode full_and_piecewise --legacy-skip-attn --prefill-chunk 4 --steps 20 --json",
+     "vLLM's default policy: mixed batches replay PIECEWISE graphs and diverge"),
+)
+
+
 def _add_repro(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence")
+    p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence",
+                       description=described("Run the toy engine with graphs against an eager reference on "
+                                             "identical weights and requests, and report what diverged. Exit 0 "
+                                             "when the run completed, even if it diverged; with --check, 1 if it "
+                                             "diverged or failed; 2 for bad arguments."),
+                       epilog=examples(*REPRO_EXAMPLES))
     p.add_argument("--mode", type=str.lower, choices=[m.value for m in CUDAGraphMode], default="piecewise",
                    help="a runtime mode or a policy (case does not matter)")
     p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS),
                    help="compiled (the default): torch.compile split at --splitting-ops, as vLLM; breakable: one "
                         "capture split at the eager breaks. Under FULL: whether the graph records the compiled model")
-    p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: the attention op); "
+    p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: the attention ops); "
                                            f"from {', '.join(OP_OF_KIND.values())}")
     p.add_argument("--legacy-skip-attn", action="store_true",
                    help="capture with the code from before vLLM PR #49364 (the bug)")
@@ -70,7 +117,7 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capture-sizes", type=int_list,
                    help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those, and given "
                         "sizes are rounded to multiples of K+1)")
-    p.add_argument("--batch-sizes", type=int_list, default=[3, 1, 8], help="decode batch sizes, cycled")
+    p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
     p.add_argument("--max-num-reqs", type=int, metavar="N",
                    help="the engine's request limit, at least the largest batch size (default: that size); a capture "
                         "size above it makes a prefill-shaped capture batch")
@@ -84,24 +131,24 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help=f"speculative decoding: K drafts per step (at most {MAX_SPECULATIVE_TOKENS}) from an "
                         "EAGLE-style drafter, verified greedily; reports acceptance_rate and reference_acceptance_rate "
                         "(the same drafter run eagerly)")
-    p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default attn)")
+    p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default: attn)")
     p.add_argument("--frozen-step-index", action="store_true",
                    help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892, a "
                         "PIECEWISE matter there)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="weights and prompts")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if replay diverged from eager, the acceptance rate fell below the reference's, or an "
                         "error occurred")
-    p.set_defaults(func=_run_repro)
+    p.set_defaults(func=_run_repro, validate=_check_repro_switches)
 
 
 def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
+    from cglab.repro_report import no_graph_replayed, print_repro
     from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, run_spec_repro
 
-    _check_repro_switches(args)
     common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor or "compiled",
               "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
               "python_guards": args.python_guards, "strict_attention": args.strict_attention,
@@ -115,38 +162,13 @@ def _run_repro(args: argparse.Namespace) -> int:
                                 draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
                                 frozen_step_index=args.frozen_step_index, **common)
     # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
-    no_graphs = result.mode != "none" and result.error is None and not result.replayed_graphs
+    no_graphs = no_graph_replayed(result)
     failed = result.diverged or result.lost_acceptance or result.error or no_graphs
     status = 1 if args.check and failed else 0
     if args.json:
         print(json.dumps(result.to_json()))
-        return status
-    legacy = " with the legacy skip_attn path" if result.legacy_skip_attn else ""
-    flavor = f" ({result.piecewise_flavor})" if "piecewise" in result.mode else ""
-    guards = ", guards in plain Python" if args.python_guards else ""
-    print(f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}, backend {result.backend}")
-    if result.backend == "sim":
-        print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
-    if result.cudagraph_mode_note:
-        print(f"  {result.cudagraph_mode_note}")
-    if result.legacy_skip_attn and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes():
-        print("  --legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
-              "capture metadata before the fix too")
-    print(f"  captured sizes: {result.captured_sizes or 'none'}")
-    if result.error:
-        print(f"  ERROR: {result.error}")
-    if result.max_abs_diff is not None:
-        verdict = ("DIVERGED from eager" if result.diverged else
-                   "NO GRAPH REPLAYED (every step ran eagerly)" if no_graphs else "matches eager")
-        what = (f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk
-                else "speculative steps" if result.num_speculative_tokens else "decode steps")
-        print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager|: "
-              f"{result.max_abs_diff_text}, caches diverged: {result.state_diverged} -> {verdict}")
-        if no_graphs:
-            print("  no batch fitted a captured graph, so this run says nothing about graphs: use --batch-sizes "
-                  "within --capture-sizes (and, for full_decode_only, decode steps)")
-    if result.acceptance_rate is not None:
-        _print_acceptance(result)
+    else:
+        print_repro(result, python_guards=args.python_guards, frozen_step_index=args.frozen_step_index)
     return status
 
 
@@ -174,7 +196,7 @@ def _check_repro_switches(args: argparse.Namespace) -> None:
                           "follow an eager prefill; drop one of the two")
 
 
-def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
+def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
     """An argparse type for ``"a,b"`` -> ``["a", "b"]``, each name one of ``valid``."""
     def parse(text: str) -> list[str]:
         names = [name.lower() for name in _items(text)]
@@ -185,143 +207,48 @@ def _name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
-def _print_acceptance(result: ReproResult) -> None:
-    from cglab.spec_decode import summarize_spec
-
-    print(f"  {result.num_speculative_tokens} speculative tokens, drafts ran as {result.draft_steps_by_mode}")
-    for line in summarize_spec(result).splitlines():
-        print(f"  {line}")
-
-
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from cglab.bench.modes import MODE_NAMES
-
-    p = sub.add_parser("bench", help="measure one decode step's latency per CUDA graph mode and batch size")
-    p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--quick", action="store_true", help="a small CPU-sized run that ends in seconds")
-    p.add_argument("--modes", type=_name_list(MODE_NAMES),
-                   help="default: every mode the device can run (reduce_overhead needs a GPU)")
-    p.add_argument("--batch-sizes", type=int_list, help="default 1,2,4,...,256 (--quick: 1,2,4,8)")
-    p.add_argument("--layers", help="layer pattern; default sconv,attn,compressor,attn twice")
-    p.add_argument("--hidden-size", type=int)
-    p.add_argument("--num-heads", type=int)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=int, help="timed steps per mode and batch size")
-    p.add_argument("--warmup", type=int, help="untimed steps first")
-    p.add_argument("--prompt-len", type=int, help="tokens each request holds before the timed step")
-    p.add_argument("--max-model-len", type=int, help="FULL graphs attend over this many keys")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--json", action="store_true", help="print the result summary as JSON on the last line")
-    p.add_argument("--force", action="store_true", help="overwrite OUT.csv / OUT.json if they exist")
-    p.set_defaults(func=_run_bench)
-
-
-def _config_from(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object]:
-    """The options given on the command line (the rest keep the config's defaults); lists as tuples."""
-    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-    return {n: tuple(v) if isinstance(v, list) else v for n, v in given.items()} | {"device": args.device}
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from cglab.bench import BenchConfig, check_output, run_bench, save_results
-    from cglab.bench.report import bench_table
-
-    given = _config_from(args, ("modes", "batch_sizes", "layers", "hidden_size", "num_heads", "dtype", "repeats",
-                                "warmup", "prompt_len", "max_model_len", "seed"))
-    config = BenchConfig.quick_preset(**given) if args.quick else BenchConfig(**given)
-    check_output(args.out, args.force)  # before minutes of measuring, not after
-    result = run_bench(config, progress=sys.stderr.isatty())
-    csv_path, json_path = _save(lambda path, force: save_results(result, path, force), args, asdict(result))
-    if args.json:
-        print(json.dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
-        return 0
-    print(f"{result.device_name}, backend {result.backend}")
-    if result.backend == "sim":
-        print("  CPU simulator of CUDA graphs: semantics only, not GPU speed")
-    print(bench_table(result))
-    print(f"wrote {csv_path} and {json_path}")
-    return 0
-
-
-def _add_startup(sub: argparse._SubParsersAction) -> None:
-    from cglab.bench.startup import POLICIES
-
-    p = sub.add_parser("startup", help="measure compile time, warmup and capture time and capture memory of an "
-                                       "engine start, fixed path against the legacy one")
-    p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--quick", action="store_true", help="a small CPU-sized run: FULL_AND_PIECEWISE compiled, "
-                                                        "capture sizes to 8")
-    p.add_argument("--policies", type=_name_list(POLICIES), help=f"default {','.join(POLICIES)}")
-    p.add_argument("--flavors", type=_name_list(PIECEWISE_FLAVORS), help="default compiled,breakable")
-    p.add_argument("--max-capture-size", type=int, help="the default ladder up to this size (default 256)")
-    p.add_argument("--layers", help="layer pattern; default sconv,attn,compressor,attn twice")
-    p.add_argument("--hidden-size", type=int)
-    p.add_argument("--num-heads", type=int)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--json", action="store_true", help="print the rows as JSON on the last line")
-    p.add_argument("--force", action="store_true", help="overwrite OUT.csv / OUT.json if they exist")
-    p.set_defaults(func=_run_startup)
-
-
-def _run_startup(args: argparse.Namespace) -> int:
-    from cglab.bench import check_output
-    from cglab.bench.report import startup_table
-    from cglab.bench.startup import StartupConfig, measure_startup, save_startup
-
-    given = _config_from(args, ("policies", "flavors", "max_capture_size", "layers", "hidden_size", "num_heads",
-                                "dtype", "max_model_len", "seed"))
-    config = StartupConfig.quick_preset(**given) if args.quick else StartupConfig(**given)
-    check_output(args.out, args.force)
-    result = measure_startup(config)
-    csv_path, json_path = _save(lambda path, force: save_startup(result, path, force), args, asdict(result))
-    if args.json:
-        print(json.dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
-        return 0
-    print(f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
-          f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})")
-    print(startup_table(result))
-    print(f"wrote {csv_path} and {json_path}")
-    return 0
-
-
-def _save(save: Callable[[str | Path, bool], tuple[Path, Path]], args: argparse.Namespace,
-          everything: dict[str, object]) -> tuple[Path, Path]:
-    """Save at ``--out``; if the file system refuses, keep the result elsewhere (``save_or_keep``), or
-    at least print it: minutes of measuring must not be lost to their last step."""
-    from cglab.bench.files import save_or_keep
-
-    try:
-        return save_or_keep(save, args.out, args.force)
-    except NotSavedError as exc:
-        if exc.kept is not None:
-            raise
-        print(json.dumps(everything))
-        raise NotSavedError(f"{exc}; the measurements were printed on stdout as JSON", None) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m cglab", description="cglab: CUDA graph capture, the toy engine")
+    parser = _Parser(prog=PROG, description=described("cglab: CUDA graph capture, the toy engine. A command's "
+                                                      "--help shows its options, their defaults and examples."),
+                     epilog=examples(REPRO_EXAMPLES[0], (f"{PROG} bench --quick --out bench-quick",
+                                                         "replay latency per mode and batch size, seconds on a CPU"),
+                                     (f"{PROG} repro --help", "every repro option")))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_repro(sub)
-    _add_bench(sub)
-    _add_startup(sub)
+    from cglab.bench.cli import add_bench, add_startup  # here: that module takes its helpers from this one
+
+    add_bench(sub)
+    add_startup(sub)
     return parser
+
+
+def _import_torch(device: str) -> None:
+    """Import torch, the seconds of start-up that come after the checks; then hand Ctrl-C to ``main``.
+    Before that, ``_interrupt`` ends the process at a Ctrl-C: an interrupted torch import can fail oddly."""
+    import torch
+
+    if device == "cpu":
+        torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
+    _interrupt.keyboard_interrupt_from_here()
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """The host's or the device's memory ran out (torch's error only if torch got imported)."""
+    torch = sys.modules.get("torch")
+    return isinstance(exc, MemoryError) or (torch is not None and isinstance(exc, torch.OutOfMemoryError))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: its exit status, or one line on stderr and 2 (bad values), 1 (the file system
     failed; a finished result is kept, see ``_save``) or 130 (Ctrl-C), never a traceback."""
-    prog, status = "python -m cglab", 2
+    prog, status = PROG, 2
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args(argv)  # bad arguments: one line and exit 2, before torch
         prog = f"{parser.prog} {args.command}"
-        if args.device == "cpu":
-            torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
+        if getattr(args, "validate", None) is not None:
+            args.validate(args)
+        _import_torch(args.device)
         return args.func(args)
     except KeyboardInterrupt:  # at any step, the parser's imports included
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -331,10 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
         message = str(exc)
-    except (MemoryError, torch.OutOfMemoryError):
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
         message = "out of memory; use fewer or smaller batch sizes, capture sizes or steps"
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
     return status
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["PROG", "build_parser", "described", "examples", "int_list", "main", "name_list"]

@@ -96,6 +96,9 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
 
 
 PIECEWISE_FLAVORS = ("compiled", "breakable")
+DTYPES = ("float32", "bfloat16", "float16")
+# The devices a runner takes: "cuda" captures real CUDA graphs, "cpu" runs the simulator.
+DEVICES = ("cpu", "cuda")
 # The custom op each layer kind's kernel is; the names a ``splitting_ops`` list may use.
 OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor",
               "linear_attn": "cglab::linear_attention"}
@@ -323,8 +326,8 @@ class ToyConfig:
         if self.strict_layers and self.python_guards:
             raise ConfigError("strict_layers drops the stateful layers' None guard and python_guards moves it into "
                               "their forward: choose one")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not isinstance(self.capture_sizes, (list, tuple)):
             raise ConfigError(f"capture_sizes must be a list of token counts such as (1, 2, 4, 8), "
                               f"got {self.capture_sizes!r}")

@@ -352,6 +352,40 @@ def compare_final_state(result: ReproResult, runner: HasState, reference: HasSta
     result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
 
 
+def divergence_verdict(result: ReproResult, cache_groups: dict[str, list[str]] | None = None, *,
+                       caches_only: bool = False, name_caches: bool = False) -> str:
+    """Which parts of a run DIVERGED from eager and which match, e.g. ``"caches DIVERGED from eager;
+    logits match"``, or ``"matches eager"``. A bare "diverged" would not do: a broken drafter leaves
+    the logits exact, and only its own caches differ.
+
+    ``cache_groups`` names the caches by owner, e.g. ``{"target caches": [...], "drafter caches": [...]}``
+    (default: one group, ``"caches"``). ``caches_only``: the caches alone, for a report that gives the
+    logits and tokens elsewhere (``"target and drafter caches match eager"``). ``name_caches``: each
+    diverged group lists its caches in parentheses."""
+    groups = cache_groups if cache_groups is not None else {"caches": list(result.state_diffs)}
+    parts: dict[str, list[str] | None] = {}  # part -> its diverged caches, None where it matches
+    if not caches_only:
+        logits = result.max_abs_diff is not None and result.max_abs_diff > result.tolerance
+        parts["logits"] = [] if logits else None
+    for label, names in groups.items():
+        parts[label] = [n for n in names if result.state_diffs.get(n, 0.0) > result.tolerance] or None
+    if result.state_diverged and not any(parts[label] for label in groups):
+        # A result without its per-cache differences (built by hand): which cache is unknown.
+        parts = {**{p: n for p, n in parts.items() if p not in groups}, "caches": []}
+    if result.outputs_identical is False and not caches_only:
+        parts["generated tokens"] = []
+    diverged = [f"{p} ({', '.join(n)})" if name_caches and n else p for p, n in parts.items() if n is not None]
+    matching = [p for p, n in parts.items() if n is None]
+    if not diverged:
+        return f"{_and(matching)} match eager" if caches_only else "matches eager"
+    return f"{_and(diverged)} DIVERGED from eager" + (f"; {_and(matching)} match" if matching else "")
+
+
+def _and(items: Sequence[str]) -> str:
+    """``["a", "b", "c"]`` -> ``"a, b and c"``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def _check_prefill_chunk(prefill_chunk: object, config: ToyConfig, batch_sizes: Sequence[int]) -> None:
     limit = config.max_num_batched_tokens - max(batch_sizes)
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 0 <= prefill_chunk <= limit:

@@ -1,13 +1,23 @@
-"""The CLI's JSON contract (DESIGN.md): keys, order and exit codes that headless users rely on."""
+"""The CLI's JSON contract (DESIGN.md): keys, order and exit codes that headless users rely on; its help,
+its checks before torch, and the words of its verdicts."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
+import subprocess
+import sys
 import time
+from dataclasses import replace
 
 import pytest
 
-from cglab.cli import main
+from cglab import ReproResult
+from cglab.cli import build_parser, main
+from cglab.repro import divergence_verdict
+from cglab.repro_report import repro_header
+from cglab.spec_decode.repro import spec_divergence_verdict, summarize_spec
 
 KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk", "cudagraph_mode",
         "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error"]
@@ -130,3 +140,181 @@ def test_the_legacy_switch_under_full_is_noted(capsys: pytest.CaptureFixture[str
                  "--layers", "linear_attn,attn"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "lowered to FULL_AND_PIECEWISE" in out[2] and NOTE not in out
+
+
+# -- arguments are checked before torch is imported ------------------------------------------------------
+
+# `python -m cglab` as Python runs it (argv[0] reads "-m" while the package imports); whether torch got
+# imported is the last line on stderr, however the command ended.
+PROBE = """
+import runpy, sys
+sys.argv = ["-m", *sys.argv[1:]]
+try:
+    runpy._run_module_as_main("cglab")
+finally:
+    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+"""
+MODES = "'none', 'piecewise', 'full', 'full_decode_only', 'full_and_piecewise'"
+BAD_ARGUMENTS = {
+    "mode": (["repro", "--mode", "bogus"], f"argument --mode: invalid choice: 'bogus' (choose from {MODES})"),
+    "device": (["repro", "--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', 'cuda')"),
+    "sizes": (["repro", "--batch-sizes", "1,,2"], "'1,,2' has an empty item"),
+    "switch-under-none": (["repro", "--mode", "none", "--strict-layers"], "so --strict-layers would change nothing"),
+    "bench-mode": (["bench", "--out", "x", "--modes", "fast"], "expected comma-separated names from none, piecewise"),
+    "startup-policy": (["startup", "--out", "x", "--policies", "full_decode_only"],
+                       "expected comma-separated names from piecewise, full, full_and_piecewise"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_bad_arguments_exit_2_before_torch_is_imported(case: str) -> None:
+    """One line naming the valid values, exit 2, and no torch: refused at once, not seconds later."""
+    argv, message = BAD_ARGUMENTS[case]
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], check=False, capture_output=True, text=True,
+                          timeout=60)
+    *error, probe = proc.stderr.splitlines()
+    assert (proc.returncode, proc.stdout, probe) == (2, "", "torch imported: False"), proc.stderr
+    assert len(error) == 1 and error[0].startswith(f"python -m cglab {argv[0]}: error: ") and message in error[0]
+
+
+def test_import_cglab_imports_no_torch_until_a_name_is_used() -> None:
+    """The package is lazy (``python -m cglab`` imports it first); its names still import as before."""
+    code = ("import sys, cglab, cglab.bench; assert 'torch' not in sys.modules; "
+            "from cglab import ModelRunner, ToyConfig, run_repro; from cglab.bench import run_bench; "
+            "assert 'torch' in sys.modules and ModelRunner.__module__ == 'cglab.runner'; "
+            "import cglab as c; assert all(hasattr(c, n) for n in c.__all__) and set(c.__all__) <= set(dir(c))")
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    import cglab
+
+    with pytest.raises(AttributeError, match="module 'cglab' has no attribute 'ModelRunnr'"):
+        cglab.ModelRunnr  # noqa: B018
+
+
+# -- --help: defaults and examples ---------------------------------------------------------------------------
+
+
+def _help(capsys: pytest.CaptureFixture[str], *command: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*command, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", ["repro", "bench", "startup"])
+def test_every_option_says_its_default(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    text = " ".join(_help(capsys, command).split())  # unwrapped: a help may break a line anywhere
+    for action in _subparsers()[command]._actions:
+        if action.dest in ("help", "out"):  # --out is required: no default to show
+            continue
+        if action.default is None:  # worked out from other options: the help says how
+            assert "default" in action.help.lower(), action.dest
+        else:
+            assert f"(default: {action.default})" in text, action.dest
+    expected = {"repro": ["(default: piecewise)", "(default: 3,1,8)", "(default: 16)", "(default: False)"],
+                "bench": ["default 1024 (--quick: 32)", "default 300 (--quick: 20)", "default 1,2,4,8,16,32,64,128,256"],
+                "startup": ["default 256 (--quick: 8)", "default piecewise,full,full_and_piecewise"]}[command]
+    assert all(e in text for e in expected), text
+
+
+def _example_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.split("examples:\n", 1)[1].splitlines()
+            if line.strip().startswith("python -m cglab ")]
+
+
+@pytest.mark.parametrize("command", [[], ["repro"], ["bench"], ["startup"]], ids=lambda c: c[0] if c else "top")
+def test_help_ends_with_examples_that_parse(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    lines = _example_lines(_help(capsys, *command))
+    assert 2 <= len(lines) <= 4, lines
+    for line in lines:
+        argv = shlex.split(line)[3:]
+        if argv[-1] == "--help":
+            continue
+        args = build_parser().parse_args(argv)  # a typo in an example would exit 2 here
+        if getattr(args, "validate", None):
+            args.validate(args)
+
+
+def test_the_examples_are_real_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The two repro examples that show the bug and the fix say so."""
+    assert main(["repro", "--legacy-skip-attn", "--steps", "4"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("-> logits and caches DIVERGED from eager")
+    assert main(["repro", "--check", "--steps", "4"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("-> matches eager")
+
+
+# -- verdicts name what diverged -----------------------------------------------------------------------------
+
+TARGET, DRAFTER = "layers.0.sconv.conv_state", "draft.layers.0.sconv.conv_state"
+SPEC_BASE = ReproResult("piecewise", "compiled", True, "sconv,attn", "sim", {"piecewise": [3, 6]}, 4, 0,
+                        {"piecewise": 4}, 0.0, False, None, state_diffs={TARGET: 0.0, DRAFTER: 0.0},
+                        num_speculative_tokens=2, acceptance_rate=0.5, reference_acceptance_rate=0.5,
+                        tokens_per_step=[2.0], reference_tokens_per_step=[2.0], outputs_identical=True)
+# case -> (fields, the repro line's verdict, summarize_spec's cache verdict)
+SPEC_VERDICTS = {
+    "logits": ({"max_abs_diff": 0.3}, "logits DIVERGED from eager; target caches and drafter caches match",
+               "target caches and drafter caches match eager"),
+    "target-caches": ({"state_diffs": {TARGET: 0.5, DRAFTER: 0.0}, "state_diverged": True},
+                      "target caches DIVERGED from eager; logits and drafter caches match",
+                      f"target caches ({TARGET}) DIVERGED from eager; drafter caches match"),
+    "drafter-caches": ({"state_diffs": {TARGET: 0.0, DRAFTER: 0.5}, "state_diverged": True},
+                       "drafter caches DIVERGED from eager; logits and target caches match",
+                       f"drafter caches ({DRAFTER}) DIVERGED from eager; target caches match"),
+    "none": ({}, "matches eager", "target caches and drafter caches match eager"),
+}
+
+
+@pytest.mark.parametrize("case", list(SPEC_VERDICTS))
+def test_the_speculative_verdict_names_what_diverged(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str], case: str) -> None:
+    """A broken drafter leaves the logits exact: "DIVERGED" must say whose caches, in the repro line and in
+    the speculative summary alike."""
+    fields, verdict, caches = SPEC_VERDICTS[case]
+    result = replace(SPEC_BASE, **fields)
+    assert spec_divergence_verdict(result) == verdict
+    assert summarize_spec(result).splitlines()[1] == f"generated tokens identical to the eager run: True; {caches}"
+    monkeypatch.setattr("cglab.spec_decode.run_spec_repro", lambda *a, **k: result)
+    assert main(["repro", "--num-speculative-tokens", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].endswith(f"caches diverged: {result.state_diverged} -> {verdict}"), lines[3]
+    assert lines[-1].endswith(caches)
+
+
+@pytest.mark.parametrize(("fields", "verdict"), [
+    ({"max_abs_diff": 0.3, "state_diffs": {TARGET: 0.5}, "state_diverged": True}, "logits and caches DIVERGED from eager"),
+    ({"max_abs_diff": 0.3}, "logits DIVERGED from eager; caches match"),
+    ({"state_diffs": {TARGET: 0.5}, "state_diverged": True}, "caches DIVERGED from eager; logits match"),
+    ({"state_diverged": True}, "caches DIVERGED from eager; logits match"),  # which cache is not known
+    ({}, "matches eager"),
+], ids=["both", "logits", "caches", "caches-unnamed", "none"])
+def test_the_verdict_without_a_drafter(fields: dict, verdict: str) -> None:
+    result = replace(SPEC_BASE, **{"num_speculative_tokens": 0, "state_diffs": {TARGET: 0.0}, **fields})
+    assert divergence_verdict(result) == verdict
+
+
+def test_tokens_that_differ_are_named_too() -> None:
+    result = replace(SPEC_BASE, max_abs_diff=0.3, outputs_identical=False)
+    assert spec_divergence_verdict(result) == ("logits and generated tokens DIVERGED from eager; target caches and "
+                                               "drafter caches match")
+
+
+# -- the header names the switches that change the run -------------------------------------------------------
+
+
+def test_a_frozen_step_index_run_says_so_in_its_header(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    result = replace(SPEC_BASE, mode="full", legacy_skip_attn=False, captured_sizes={"full": [3, 6]})
+    frozen = "--frozen-step-index on (the draft step index is a Python int frozen at capture)"
+    assert repro_header(result, frozen_step_index=True) == f"mode FULL, layers sconv,attn, {frozen}, backend sim"
+    assert "frozen" not in repro_header(result)
+    monkeypatch.setattr("cglab.spec_decode.run_spec_repro", lambda *a, **k: result)
+    assert main(["repro", "--mode", "full", "--num-speculative-tokens", "2", "--frozen-step-index"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"mode FULL, layers sconv,attn, {frozen}, backend sim"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cglab.config import CUDAGraphMode
 
-__all__ = ["BENCH_MODES", "MODE_NAMES", "BenchMode", "available_modes", "bench_compiler"]
+__all__ = ["BENCH_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "available_modes", "bench_compiler"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ BENCH_MODES: dict[str, BenchMode] = {m.name: m for m in (
               "captures nothing", cuda_only=True),
 )}
 MODE_NAMES = tuple(BENCH_MODES)
+# The policies the start-up measurement (``cglab.bench.startup``) compares; here, away from torch, for
+# the command line to check ``--policies`` before it imports anything heavy.
+POLICIES = ("piecewise", "full", "full_and_piecewise")
 
 
 def available_modes(device_type: str) -> tuple[str, ...]:

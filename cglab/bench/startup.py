@@ -27,7 +27,7 @@ import torch
 from cglab.bench.config import BLOCK_SIZE, check_bounds, check_memory, choose_names
 from cglab.bench.environment import collect_environment
 from cglab.bench.files import read_pair, save_pair
-from cglab.bench.modes import bench_compiler
+from cglab.bench.modes import POLICIES, bench_compiler
 from cglab.compilation import CompiledModel
 from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes, parse_layer_pattern
 from cglab.runner import ModelRunner, resolve_device
@@ -35,7 +35,6 @@ from cglab.runner import ModelRunner, resolve_device
 __all__ = ["POLICIES", "STARTUP_COLUMNS", "StartupConfig", "StartupResult", "load_startup", "measure_startup",
            "save_startup"]
 
-POLICIES = ("piecewise", "full", "full_and_piecewise")
 STARTUP_COLUMNS = ("policy", "flavor", "path", "backend", "graphs", "compile_s", "capture_s", "startup_s",
                    "memory_mib")
 FORMAT = "cglab-startup/1"

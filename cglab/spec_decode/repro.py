@@ -19,8 +19,16 @@ from typing import Any
 
 from cglab.config import CUDAGraphMode, check_num_speculative_tokens, parse_piecewise_flavor, resolve_splitting_ops
 from cglab.errors import CaptureError, CglabError, ConfigError
-from cglab.repro import ReproResult, compare_final_state, failed_capture, make_workload, repro_config, tolerance
-from cglab.spec_decode.draft_model import draft_layer_pairs
+from cglab.repro import (
+    ReproResult,
+    compare_final_state,
+    divergence_verdict,
+    failed_capture,
+    make_workload,
+    repro_config,
+    tolerance,
+)
+from cglab.spec_decode.draft_model import DRAFT_PREFIX, draft_layer_pairs
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
 
 
@@ -103,7 +111,7 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
 
 def summarize_spec(result: ReproResult) -> str:
     """What a speculative run did, in two lines: acceptance against the eager drafter, and whether the
-    outputs stayed exact (and which caches diverged, if any)."""
+    outputs stayed exact and which caches (target's, drafter's) diverged, if any."""
     if result.acceptance_rate is None or result.reference_acceptance_rate is None:
         return f"no speculative step completed ({result.error or 'no drafts were verified'})"
     if not result.outputs_identical:
@@ -113,11 +121,23 @@ def summarize_spec(result: ReproResult) -> str:
     else:
         verdict = "as the eager drafter's"
     tokens, reference = (sum(t) / len(t) for t in (result.tokens_per_step, result.reference_tokens_per_step))
-    diverged = [name for name, d in result.state_diffs.items() if d > result.tolerance]
+    caches = divergence_verdict(result, cache_groups(result), caches_only=True, name_caches=True)
     return (f"acceptance rate {result.acceptance_rate:.3f} (eager drafter {result.reference_acceptance_rate:.3f}), "
             f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
-            f"generated tokens identical to the eager run: {result.outputs_identical}; "
-            f"caches that diverged: {', '.join(diverged) or 'none'}")
+            f"generated tokens identical to the eager run: {result.outputs_identical}; {caches}")
+
+
+def spec_divergence_verdict(result: ReproResult) -> str:
+    """``divergence_verdict`` of a speculative run, the target's caches told from the drafter's, e.g.
+    ``"drafter caches DIVERGED from eager; logits and target caches match"``."""
+    return divergence_verdict(result, cache_groups(result))
+
+
+def cache_groups(result: ReproResult) -> dict[str, list[str]]:
+    """A speculative run's caches by owner, for ``divergence_verdict``."""
+    drafter = [name for name in result.state_diffs if name.startswith(DRAFT_PREFIX)]
+    return {"target caches": [name for name in result.state_diffs if name not in drafter],
+            "drafter caches": drafter}
 
 
 def acceptance_rate(steps: Sequence[SpecStepOutput]) -> float | None:
