@@ -79,3 +79,138 @@ def test_the_first_code_cell_sets_the_notebook_up(path: Path) -> None:
     first = _code_cells(nbformat.read(path, as_version=4))[0].source
     assert re.search(r"^(DEVICE = )?setup_notebook\(\)", first, re.MULTILINE), \
         f"{path.name}: the first code cell must call setup_notebook() (from cglab.lab.notebook)"
+
+
+# --- Markdown and names (issue 21) ------------------------------------------------------------------
+
+import ast  # noqa: E402
+import builtins  # noqa: E402
+
+MAIN_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# Text that a template or an author left behind: a reader should never see a placeholder or a note to self.
+UNRENDERED = re.compile(r"\{PR\(|\{\{|\}\}|\bTODO\b|\bFIXME\b")
+PR_MENTION = re.compile(r"#(\d{4,6})\b")
+MARKDOWN_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]+)\)")
+# Names IPython itself provides to notebook code.
+IPYTHON_NAMES = {"get_ipython", "display", "In", "Out", "_", "__", "___", "exit", "quit"}
+MAX_SUITE_WORDS = 13_000
+
+
+def _markdown(nb: Any) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def _section(markdown: str, heading: str) -> str:
+    """The text under the first heading that contains ``heading``, up to the next heading of its level or above."""
+    match = re.search(rf"^(#+)[^\n]*{re.escape(heading)}[^\n]*$", markdown, re.MULTILINE)
+    assert match, f"no heading containing {heading!r}"
+    level = len(match.group(1))
+    end = re.compile(rf"^#{{1,{level}}} ", re.MULTILINE).search(markdown, match.end())
+    return markdown[match.end():end.start() if end else len(markdown)]
+
+
+@needs_notebooks
+@by_notebook
+def test_no_unrendered_template_text_in_markdown(path: Path) -> None:
+    found = sorted({m.group() for m in UNRENDERED.finditer(_markdown(nbformat.read(path, as_version=4)))})
+    assert not found, f"{path.name}: markdown shows {found}: render the template, or finish the note"
+
+
+@needs_notebooks
+@by_notebook
+def test_every_pr_is_a_link_at_its_first_mention(path: Path) -> None:
+    """A reader can open each PR from where a notebook first names it."""
+    markdown = _markdown(nbformat.read(path, as_version=4))
+    links = [(m.start(1), m.end(1), m.group(2)) for m in MARKDOWN_LINK.finditer(markdown)]
+    first: dict[str, int] = {}
+    for m in PR_MENTION.finditer(markdown):
+        first.setdefault(m.group(1), m.start())
+    unlinked = [f"#{number}" for number, at in first.items()
+                if not any(start <= at < end and re.search(rf"/{number}(?:\D|$)", url) for start, end, url in links)]
+    assert not unlinked, f"{path.name}: first mention not a link to the PR: {unlinked}"
+
+
+@pytest.mark.parametrize(("map_notebook", "heading"), [("00_welcome.ipynb", "The map of the suite"),
+                                                      ("00b_express.ipynb", "Where to go on")])
+def test_the_maps_name_every_notebook(map_notebook: str, heading: str) -> None:
+    path = ROOT / "notebooks" / map_notebook
+    if not path.exists():
+        pytest.skip(f"no {map_notebook}")
+    section = _section(_markdown(nbformat.read(path, as_version=4)), heading)
+    missing = [p.name for p in MAIN_NOTEBOOKS if p.name != map_notebook and p.name not in section]
+    assert not missing, f"{map_notebook}, '{heading}': no link to {missing}"
+
+
+def _without_magics(source: str) -> str:
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def _names_bound(tree: ast.AST) -> set[str]:
+    """Every name a cell binds anywhere: assignments, for/with/except targets, comprehensions, walrus,
+    imports, defs, classes and parameters (a parameter is bound where its body loads it)."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+    return bound
+
+
+def undefined_names(cells: list[tuple[str, bool]]) -> list[tuple[int, list[str]]]:
+    """For each (source, checked) code cell, in order: the names a checked cell loads that no cell up to
+    and including it binds, and that are neither builtins nor IPython's. A cell magic (%%) is skipped."""
+    known = set(dir(builtins)) | IPYTHON_NAMES
+    problems = []
+    for index, (source, checked) in enumerate(cells):
+        if source.lstrip().startswith("%%"):
+            continue
+        tree = ast.parse(_without_magics(source))
+        known |= _names_bound(tree)
+        if checked:
+            loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            if missing := sorted(loaded - known):
+                problems.append((index, missing))
+    return problems
+
+
+def _code_cells_to_check(path: Path) -> list[tuple[str, bool]]:
+    """A solutions notebook: every code cell. A lesson: the code cells after its Exercises heading."""
+    every = "solutions" in path.parts
+    cells, exercises = [], False
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercises", cell.source, re.MULTILINE):
+            exercises = True
+        elif cell.cell_type == "code" and cell.source.strip():
+            cells.append((cell.source, every or exercises))
+    return cells
+
+
+@needs_notebooks
+@by_notebook
+def test_exercise_and_solution_code_uses_only_names_defined_before(path: Path) -> None:
+    problems = undefined_names(_code_cells_to_check(path))
+    assert not problems, f"{path.name}: (code cell, names never defined or imported before it): {problems}"
+
+
+def test_undefined_names_sees_a_missing_import_and_not_a_bound_name() -> None:
+    cells = [("%matplotlib inline\nimport torch\nx = torch.ones(2)", False),
+             ("for i in range(2):\n    y = [j for j in x] + [i]\nwith open('f') as f:\n    pass", True),
+             ("def g(a, *args, k=1):\n    return a + k + len(args) + undefined_thing", True)]
+    assert undefined_names(cells) == [(2, ["undefined_thing"])]
+
+
+@needs_notebooks
+def test_the_suite_markdown_stays_short() -> None:
+    """Issue 21: all notebooks' markdown, solutions included, at most 13,000 words (``len(text.split())``)."""
+    words = {p.relative_to(ROOT).as_posix(): len(_markdown(nbformat.read(p, as_version=4)).split()) for p in NOTEBOOKS}
+    total = sum(words.values())
+    assert total <= MAX_SUITE_WORDS, f"{total} words of markdown, more than {MAX_SUITE_WORDS}: {words}"
