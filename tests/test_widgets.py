@@ -14,8 +14,9 @@ import torch
 from matplotlib.figure import Figure
 
 from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro
-from cglab.lab import widgets
 from cglab.bench import BenchConfig, run_bench
+from cglab.lab import divergence
+from cglab.lab.divergence import CHUNKED_STEPS, PREFILL_CHUNK, divergence_control_state, divergence_notes
 from cglab.lab.draw import (
     describe_environment,
     describe_requests,
@@ -26,8 +27,9 @@ from cglab.lab.draw import (
     draw_padding,
 )
 from cglab.lab.draw_support import draw_capture_support
+from cglab.lab.interactive import interactive
 from cglab.lab.widgets import (
-    _interactive,
+    MULTI_SELECT_HINT,
     cached_repro,
     case_label,
     decode_explorer,
@@ -124,8 +126,8 @@ def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch)
     """One run per distinct case, however it is spelled: the explorer's fixed path, a table's cell and a
     call naming a default option are the same case; another option is another case."""
     runs = []
-    monkeypatch.setattr(widgets, "run_repro", lambda **options: runs.append(options) or run_repro(**options))
-    widgets._remembered_repro.cache_clear()
+    monkeypatch.setattr(divergence, "run_repro", lambda **options: runs.append(options) or run_repro(**options))
+    divergence._remembered_repro.cache_clear()
     divergence_explorer("piecewise", legacy=True, layers="sconv,attn", steps=3)  # legacy and fixed: two runs
     verdict_table(["sconv,attn"], [("piecewise", True), ("piecewise", False)], steps=3)  # both remembered
     assert cached_repro("piecewise", layers="sconv,attn", steps=3, legacy_skip_attn=False, seed=0) is \
@@ -190,21 +192,147 @@ def test_latency_explorer_filters_modes_and_batches(bench_result):
     assert list(full.get_xdata()) == [2]
 
 
+def _parts(widget):
+    """An explorer's rows by kind: the controls' row, the other HTML lines above and under it, the output."""
+    ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
+    rows = [c for c in widget.children if isinstance(c, ipywidgets.HBox)]
+    lines = [c for c in widget.children if isinstance(c, ipywidgets.HTML)]
+    assert len(rows) == 1 and isinstance(widget.children[-1], ipywidgets.Output)
+    return rows[0], lines, widget.children[-1]
+
+
+def _controls(widget) -> dict:
+    return {c.description: c for c in _parts(widget)[0].children}
+
+
 def test_interactive_wrappers_build_widgets(bench_result):
     ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
     for widget in (interactive_decode_explorer(), interactive_divergence_explorer(),
                    interactive_latency_explorer(bench_result)):
         assert isinstance(widget, ipywidgets.VBox)
-        controls, output = widget.children
-        assert isinstance(output, ipywidgets.Output) and controls.children
+        row, _, _ = _parts(widget)
+        assert row.children
 
 
-def test_divergence_widget_has_a_flavor_control():
+def test_divergence_widget_offers_the_flavor_the_policy_and_chunked_prefill():
     ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
-    controls, _ = interactive_divergence_explorer().children
-    flavor = {c.description: c for c in controls.children}["flavor"]
+    controls = _controls(interactive_divergence_explorer())
+    assert list(controls) == ["mode", "flavor", "legacy skip_attn", "layers", "strict layers", "chunked prefill"]
+    flavor, mode, chunked = controls["flavor"], controls["mode"], controls["chunked prefill"]
     assert isinstance(flavor, ipywidgets.Dropdown)
     assert list(flavor.options) == ["compiled", "breakable"] and flavor.value == "compiled"
+    assert list(mode.options) == ["piecewise", "full_and_piecewise", "full", "none"] and mode.value == "piecewise"
+    assert isinstance(chunked, ipywidgets.Checkbox) and chunked.value is False
+
+
+_OFF = "flavor, legacy skip_attn and strict layers are off"
+CONTROL_STATES = {
+    "piecewise": ((), ""),
+    "full_and_piecewise": ((), ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked "
+                                "prefill) PIECEWISE ones")),
+    "full": (("flavor", "legacy", "strict"), (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got "
+                                              "capture metadata before the fix too")),
+    "none": (("flavor", "legacy", "strict"), f"{_OFF}: NONE captures no graph (eager against eager)"),
+}
+
+
+@pytest.mark.parametrize("mode", list(CONTROL_STATES))
+def test_divergence_controls_that_do_nothing_in_the_mode_are_disabled(mode: str):
+    assert divergence_control_state({"mode": mode}) == CONTROL_STATES[mode]
+
+
+def test_the_disabled_switches_really_change_nothing_in_their_modes():
+    """What justifies disabling them: under FULL and NONE every flavor, legacy and strict setting runs the
+    very same steps, with the very same differences from eager."""
+    for mode in ("full", "none"):
+        runs = {(flavor, legacy, strict): cached_repro(mode, piecewise_flavor=flavor, legacy_skip_attn=legacy,
+                                                       strict_layers=strict, steps=3)
+                for flavor in ("compiled", "breakable") for legacy in (False, True) for strict in (False, True)}
+        seen = {(r.error, tuple(r.step_modes), tuple(r.step_diffs), tuple(sorted(r.state_diffs.items())))
+                for r in runs.values()}
+        assert len(seen) == 1, mode
+    # ... and they do change something where PIECEWISE graphs are captured
+    assert cached_repro("piecewise", legacy_skip_attn=True, steps=3).diverged
+    assert not cached_repro("piecewise", legacy_skip_attn=True, piecewise_flavor="breakable", steps=3).diverged
+    assert cached_repro("piecewise", legacy_skip_attn=True, strict_layers=True, steps=3).error
+
+
+def test_the_divergence_widget_disables_its_switches_as_the_mode_changes(capsys):
+    widget = interactive_divergence_explorer()
+    controls = _controls(widget)
+    _, (status,), _ = _parts(widget)
+    names = {"flavor": "flavor", "legacy": "legacy skip_attn", "strict": "strict layers"}
+    for mode in ("full", "none", "full_and_piecewise", "piecewise"):
+        controls["mode"].value = mode
+        disabled, why = CONTROL_STATES[mode]
+        assert {d for d, c in controls.items() if c.disabled} == {names[n] for n in disabled}, mode
+        assert status.value == (f"<small>{why}</small>" if why else ""), mode
+
+
+def test_the_policy_and_chunked_prefill_reach_run_repro(monkeypatch: pytest.MonkeyPatch, capsys):
+    runs = []
+    monkeypatch.setattr(divergence, "run_repro", lambda **options: runs.append(options) or run_repro(**options))
+    divergence._remembered_repro.cache_clear()
+    controls = _controls(interactive_divergence_explorer())
+    assert [(r["mode"], r["legacy_skip_attn"], r["prefill_chunk"], r["steps"]) for r in runs] == [
+        ("piecewise", True, 0, 16), ("piecewise", False, 0, 16)]
+    runs.clear()
+    controls["mode"].value = "full_and_piecewise"
+    controls["chunked prefill"].value = True
+    assert [(r["mode"], r["legacy_skip_attn"], r["prefill_chunk"], r["steps"]) for r in runs] == [
+        ("full_and_piecewise", True, 0, 16), ("full_and_piecewise", False, 0, 16),
+        ("full_and_piecewise", True, PREFILL_CHUNK, CHUNKED_STEPS),
+        ("full_and_piecewise", False, PREFILL_CHUNK, CHUNKED_STEPS)]
+    assert (PREFILL_CHUNK, CHUNKED_STEPS) == (4, 20)  # notebook 04's chunked-prefill runs
+
+
+def test_full_and_piecewise_hides_the_legacy_bug_from_decodes_and_chunked_prefill_exposes_it(capsys):
+    """The lesson of the policy, as the explorer draws it: plain decode replays FULL graphs only and
+    matches eager on the legacy path; chunked prefill replays the compiled PIECEWISE pieces and diverges."""
+    decode = divergence_explorer("full_and_piecewise", legacy=True)
+    chunked = divergence_explorer("full_and_piecewise", legacy=True, chunked_prefill=True)
+    assert decode._suptitle.get_text() == ("sconv,attn,compressor,attn: FULL_AND_PIECEWISE compiled legacy -> "
+                                           "matches eager")
+    assert chunked._suptitle.get_text() == ("sconv,attn,compressor,attn, chunked prefill: FULL_AND_PIECEWISE "
+                                            "compiled legacy -> DIVERGED from eager, and nothing raised")
+    assert divergence_notes("full_and_piecewise", legacy=True) == [
+        "FULL_AND_PIECEWISE compiled legacy: steps by mode: FULL 16",
+        "FULL_AND_PIECEWISE compiled fixed: steps by mode: FULL 16"]
+    assert divergence_notes("full_and_piecewise", legacy=True, chunked_prefill=True)[0] == \
+        "FULL_AND_PIECEWISE compiled legacy: steps by mode: PIECEWISE 17, eager 2, FULL 1"
+    with pytest.raises(ConfigError, match="chunked_prefill must be True"):
+        divergence_explorer(chunked_prefill=4)
+
+
+def test_a_failed_capture_says_nothing_was_replayed(capsys):
+    assert divergence_notes("piecewise", legacy=True, strict=True, steps=4) == [
+        "PIECEWISE compiled legacy strict: capture failed: nothing replayed (MissingMetadataError)",
+        "PIECEWISE compiled fixed: steps by mode: PIECEWISE 4"]
+    controls = _controls(interactive_divergence_explorer())  # the explorer prints the notes under its plot
+    capsys.readouterr()
+    controls["strict layers"].value = True
+    printed = capsys.readouterr().out
+    assert "PIECEWISE compiled legacy strict: capture failed: nothing replayed (MissingMetadataError)\n" in printed
+
+
+def test_latency_explorer_asks_for_a_choice_instead_of_drawing_empty_axes(bench_result):
+    for modes, batch_sizes, message in [((), None, "select at least one mode"),
+                                        (None, [], "select at least one batch size"),
+                                        ([], (), "select at least one mode and one batch size")]:
+        fig = latency_explorer(bench_result, modes=modes, batch_sizes=batch_sizes)
+        assert fig.axes == [] and [t.get_text() for t in fig.texts] == [message]
+    assert len(latency_explorer(bench_result, modes=["full"]).axes) == 1
+
+
+def test_latency_widget_says_how_to_pick_several(bench_result, capsys):
+    widget = interactive_latency_explorer(bench_result)
+    _, (hint,), _ = _parts(widget)
+    assert hint.value == f"<small>{MULTI_SELECT_HINT}</small>" and widget.children[0] is hint  # above the lists
+    assert "Ctrl-click" in MULTI_SELECT_HINT and "Shift-click" in MULTI_SELECT_HINT
+    controls = _controls(widget)
+    assert [c.tooltip for c in controls.values()] == [MULTI_SELECT_HINT] * 2
+    controls["modes"].value = ()
+    assert "Figure(700x40)" in capsys.readouterr().out  # the one-line message, not the 700x450 plot
 
 
 class _SlowExplorer:
@@ -235,7 +363,7 @@ def test_overlapping_changes_from_two_threads_draw_one_at_a_time_and_the_last_va
     ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
     slider = ipywidgets.IntSlider(value=0, min=0, max=1000)
     explorer = _SlowExplorer()
-    _interactive(explorer, {"step": slider})
+    interactive(explorer, {"step": slider})
     barrier, errors = threading.Barrier(2, timeout=10), []
 
     def change(values: range) -> None:
@@ -260,7 +388,7 @@ def test_a_change_during_a_redraw_is_coalesced_into_the_newest_value(capsys):
     ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
     slider = ipywidgets.IntSlider(value=0, min=0, max=10)
     explorer = _SlowExplorer(block_on=1)
-    _interactive(explorer, {"step": slider})
+    interactive(explorer, {"step": slider})
     drawing = threading.Thread(target=setattr, args=(slider, "value", 1))
     drawing.start()
     assert explorer.blocked.wait(timeout=10)

@@ -1,0 +1,224 @@
+"""Notebook 04's explorer: repro cases, their verdicts, and the divergence picture behind controls.
+
+``divergence_explorer`` draws one case (mode, PIECEWISE flavor, legacy switch, layer mix, strict
+layers, plain decode or chunked prefill) next to the fixed path; ``verdict_table`` runs many cases as
+a text grid; ``interactive_divergence_explorer`` puts the explorer behind ipywidgets controls, with
+the switches that do nothing in the chosen mode disabled.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from cglab.config import PIECEWISE_FLAVORS, CUDAGraphMode, parse_piecewise_flavor
+from cglab.errors import ConfigError
+from cglab.lab.draw import draw_divergence
+from cglab.lab.interactive import ControlState, interactive
+from cglab.repro import ReproResult, run_repro
+
+__all__ = [
+    "CHUNKED_STEPS", "DIVERGENCE_MODES", "LAYER_MIXES", "PREFILL_CHUNK", "cached_repro", "case_label",
+    "divergence_control_state", "divergence_explorer", "divergence_notes", "interactive_divergence_explorer",
+    "verdict", "verdict_table",
+]
+
+LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "attn,attn")
+DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full", "none")
+DECODE_STEPS = 16
+# Chunked prefill as notebook 04 runs it: prompts enter 4 tokens a step beside the running decodes, and
+# 20 steps take every prompt in, so nearly every step is a mixed batch.
+PREFILL_CHUNK = 4
+CHUNKED_STEPS = 20
+
+
+def verdict(result: ReproResult) -> str:
+    """One phrase, the same on every backend: what happened to the graph runner."""
+    if not isinstance(result, ReproResult):
+        raise ConfigError(f"verdict takes a ReproResult, e.g. verdict(run_repro('piecewise')); got "
+                          f"{type(result).__name__}")
+    if result.error:
+        return f"capture failed loudly ({result.error.split(':')[0]})"
+    if result.diverged:
+        return "DIVERGED from eager, and nothing raised"
+    if result.mode != "none" and not result.replayed_graphs:
+        return "no graph replayed (every step ran eagerly)"
+    return "matches eager"
+
+
+def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
+    """``"PIECEWISE compiled legacy"``: a repro case as the explorers and tables name it. The flavor is
+    named only where a PIECEWISE graph is captured; FULL-only and eager cases do not depend on it."""
+    cg_mode = CUDAGraphMode.parse(mode)
+    flavor = parse_piecewise_flavor(flavor)
+    if not isinstance(legacy, bool):  # "no" would read as legacy
+        raise ConfigError(f"legacy must be True (the code before the fix) or False, got {legacy!r}")
+    named = f" {flavor}" if CUDAGraphMode.PIECEWISE in cg_mode.runtime_modes() else ""
+    return f"{cg_mode.name}{named} {'legacy' if legacy else 'fixed'}"
+
+
+_REPRO_PARAMETERS = inspect.signature(run_repro)
+
+
+@functools.lru_cache(maxsize=256)
+def _remembered_repro(options: tuple[tuple[str, Any], ...]) -> ReproResult:
+    return run_repro(**dict(options))
+
+
+def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
+    """``run_repro(mode, **options)``, remembered for the kernel's lifetime.
+
+    The explorer and the tables ask for the same cases again and again (a control moved back, the
+    fixed path drawn beside every legacy one, a table's column the explorer shows next). A repro is
+    seeded, so the same options give the same result; remembering it spares the toy's torch.compile
+    trace, the slow part of a run. The result is shared: read it, do not change it."""
+    bound = _REPRO_PARAMETERS.bind(mode, **options)
+    bound.apply_defaults()  # the same case spelled with or without a default option is one case
+    arguments = dict(bound.arguments)
+    arguments |= arguments.pop("config_overrides")
+    key = tuple(sorted((name, tuple(value) if isinstance(value, list) else value) for name, value in arguments.items()))
+    for name, value in key:
+        try:
+            hash(value)
+        except TypeError:  # a set or dict: nothing to remember it by (and run_repro wants ordered lists)
+            raise ConfigError(f"cached_repro cannot remember {name}={value!r}: give it as a list or tuple of plain "
+                              "values, in the order run_repro should use, e.g. batch_sizes=[3, 1, 8]") from None
+    return _remembered_repro(key)
+
+
+def _divergence_runs(mode: str, legacy: bool, layers: str, strict: bool, chunked_prefill: bool, flavor: str,
+                     device: str, steps: int | None) -> dict[str, ReproResult]:
+    """The chosen case and, when it is the legacy path, the fixed path beside it, by label."""
+    if not isinstance(chunked_prefill, bool):
+        raise ConfigError(f"chunked_prefill must be True (prompts {PREFILL_CHUNK} tokens a step, mixed with "
+                          f"decodes) or False (prompts prefilled first, then plain decode), got {chunked_prefill!r}")
+    if steps is None:
+        steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
+    options = {"piecewise_flavor": flavor, "layers": layers, "strict_layers": strict, "steps": steps,
+               "prefill_chunk": PREFILL_CHUNK if chunked_prefill else 0, "device": device}
+    label = f"{case_label(mode, legacy, flavor)}{' strict' if strict else ''}"
+    runs = {label: cached_repro(mode, legacy_skip_attn=legacy, **options)}
+    if legacy:
+        runs[case_label(mode, False, flavor)] = cached_repro(mode, legacy_skip_attn=False, **options)
+    return runs
+
+
+def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
+                        strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
+                        device: str = "cpu", steps: int | None = None) -> Figure:
+    """The repro for one choice of controls, drawn next to the fixed path for comparison.
+
+    ``flavor``: how PIECEWISE graphs are captured, ``"compiled"`` (torch.compile split at attention,
+    where the legacy bug lived) or ``"breakable"``. ``chunked_prefill``: prompts enter the engine
+    ``PREFILL_CHUNK`` tokens a step beside the decodes (mixed batches, ``CHUNKED_STEPS`` steps)
+    instead of being prefilled first (plain decode, ``DECODE_STEPS`` steps); ``steps`` overrides
+    the count."""
+    runs = _divergence_runs(mode, legacy, layers, strict, chunked_prefill, flavor, device, steps)
+    label, chosen = next(iter(runs.items()))
+    fig = draw_divergence(runs)
+    traffic = ", chunked prefill" if chunked_prefill else ""
+    fig.suptitle(f"{layers}{traffic}: {label} -> {verdict(chosen)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _steps_text(result: ReproResult) -> str:
+    """``"steps by mode: PIECEWISE 17, eager 2, FULL 1"``."""
+    counts = ", ".join(f"{'eager' if mode == 'none' else mode.upper()} {n}" for mode, n in result.steps_by_mode.items())
+    return f"steps by mode: {counts or 'none ran'}"
+
+
+def divergence_notes(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
+                     strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
+                     device: str = "cpu", steps: int | None = None) -> list[str]:
+    """One line per run ``divergence_explorer`` draws for the same arguments: how its steps ran (which
+    graphs they replayed), or, where capture raised, that nothing was replayed."""
+    lines = []
+    for label, result in _divergence_runs(mode, legacy, layers, strict, chunked_prefill, flavor, device,
+                                          steps).items():
+        if result.error:
+            lines.append(f"{label}: capture failed: nothing replayed ({result.error.split(':')[0]})")
+        else:
+            lines.append(f"{label}: {_steps_text(result)}")
+    return lines
+
+
+_GRAPH_SWITCHES = ("flavor", "legacy", "strict")
+
+
+def divergence_control_state(values: dict[str, Any]) -> ControlState:
+    """The explorer's switches that change nothing in ``values["mode"]``, and why.
+
+    The PIECEWISE flavor, the legacy switch and strict layers act only where PIECEWISE graphs are
+    captured: the old code skipped metadata for compiled PIECEWISE captures alone and built capture
+    metadata for FULL ones on both paths, and a strict layer fails only where it meets no metadata.
+    So a policy without PIECEWISE graphs (FULL, NONE) runs the same whatever they say."""
+    mode = CUDAGraphMode.parse(values["mode"])
+    if CUDAGraphMode.PIECEWISE in mode.runtime_modes():
+        if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
+            return (), ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked prefill) "
+                        "PIECEWISE ones")
+        return (), ""
+    off = "flavor, legacy skip_attn and strict layers are off"
+    if mode is CUDAGraphMode.NONE:
+        return _GRAPH_SWITCHES, f"{off}: NONE captures no graph (eager against eager)"
+    return _GRAPH_SWITCHES, (f"{off}: they apply to PIECEWISE graphs only, and FULL graphs got capture metadata "
+                             "before the fix too")
+
+
+Case = tuple[str, bool] | tuple[str, bool, str]
+
+
+def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 16,
+                  **repro_options: Any) -> str:
+    """A text grid: one row per layer mix, one column per case, each cell ``ok``, ``DIVERGED`` or
+    ``FAILED`` (capture raised). Column headers take two lines: the mode, then flavor and path.
+
+    A case is ``(mode, legacy)`` or ``(mode, legacy, flavor)``; the flavor defaults to ``"compiled"``.
+    ``repro_options`` go to every ``run_repro`` call (``strict_attention=True``, ``splitting_ops=...``).
+    """
+    if isinstance(layer_mixes, str) or not layer_mixes or not all(isinstance(m, str) for m in layer_mixes):
+        raise ConfigError(f"verdict_table needs a list of layer patterns, one per row, e.g. ['sconv,attn', 'attn'], "
+                          f"got {layer_mixes!r}")
+    if not cases:
+        raise ConfigError(f"verdict_table needs a list of cases, one per column, e.g. [('piecewise', True), "
+                          f"('full', True)], got {cases!r}")
+    full_cases = []
+    for case in cases:
+        if not isinstance(case, tuple) or len(case) not in (2, 3):
+            raise ConfigError(f"a verdict_table case is (mode, legacy) or (mode, legacy, flavor), got {case!r}")
+        full_cases.append((case[0], case[1], case[2] if len(case) == 3 else "compiled"))
+    headers = [case_label(*case).split(" ", 1) for case in full_cases]
+    widths = [max(8, *map(len, h)) for h in headers]
+    first = max(len(m) for m in layer_mixes)
+    lines = [" " * first + " | " + " | ".join(f"{h[i]:^{w}}" for h, w in zip(headers, widths)) for i in (0, 1)]
+    for layers in layer_mixes:
+        cells = []
+        for mode, legacy, flavor in full_cases:
+            result = cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers,
+                                  steps=steps, device=device, **repro_options)
+            cells.append("FAILED" if result.error else "DIVERGED" if result.diverged else "ok")
+        lines.append(f"{layers:<{first}} | " + " | ".join(f"{c:^{w}}" for c, w in zip(cells, widths)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
+    """Mode (FULL_AND_PIECEWISE among them), PIECEWISE flavor, the legacy switch, the layer mix, strict
+    layers and chunked prefill; the plot redraws, with one line per run under it. Switches that change
+    nothing in the chosen mode are disabled, and a line under the controls says why."""
+    import ipywidgets as widgets
+
+    controls = {
+        "mode": widgets.Dropdown(options=list(DIVERGENCE_MODES), value="piecewise", description="mode"),
+        "flavor": widgets.Dropdown(options=list(PIECEWISE_FLAVORS), value="compiled", description="flavor"),
+        "legacy": widgets.Checkbox(value=True, description="legacy skip_attn"),
+        "layers": widgets.Dropdown(options=list(LAYER_MIXES), value=LAYER_MIXES[0], description="layers"),
+        "strict": widgets.Checkbox(value=False, description="strict layers"),
+        "chunked_prefill": widgets.Checkbox(value=False, description="chunked prefill"),
+    }
+    return interactive(divergence_explorer, controls, state=divergence_control_state, notes=divergence_notes,
+                       device=device)

@@ -1,0 +1,114 @@
+"""ipywidgets controls above an output area that redraws an explorer: the machinery every
+``interactive_*`` explorer shares.
+
+An explorer is a pure function of its controls that returns a figure. ``interactive`` puts the
+controls in a row that wraps, redraws the figure on every change (one draw at a time, the newest
+values winning), and optionally shows a fixed hint above the row, disables the controls that do
+nothing for the current values (with a status line under the row saying why), and prints notes
+under the figure.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Collection
+from typing import Any
+
+from matplotlib.figure import Figure
+
+__all__ = ["ControlState", "interactive"]
+
+# What ``interactive``'s ``state`` returns for some control values: the names of the controls that
+# change nothing for them, and one line saying why ("" when there is nothing to say).
+ControlState = tuple[Collection[str], str]
+
+# One lock for every explorer's redraw: a kernel can run widget callbacks on several threads at once,
+# and neither matplotlib (its mathtext parser) nor an Output widget's capture is thread-safe.
+_DRAW_LOCK = threading.Lock()
+
+
+class _Redraw:
+    """Redraws one output area, one draw at a time, the latest request winning.
+
+    A request that comes while a draw runs only marks the area stale and returns; the running thread
+    then draws once more with the controls' values at that moment, so bursts of changes coalesce into
+    one final draw of the newest values instead of a queue of stale ones (or overlapping ones).
+    """
+
+    def __init__(self, draw: Callable[[dict[str, Any]], None], controls: dict[str, Any]) -> None:
+        self._draw, self._controls = draw, controls
+        self._state = threading.Lock()  # guards the two flags below
+        self._stale = self._running = False
+
+    def request(self, _change: Any = None) -> None:
+        with self._state:
+            self._stale = True
+            if self._running:
+                return  # the running draw sees the flag and draws again
+            self._running = True
+        try:
+            while True:
+                with self._state:
+                    if not self._stale:
+                        self._running = False
+                        return
+                    self._stale = False
+                    values = {name: control.value for name, control in self._controls.items()}
+                with _DRAW_LOCK:
+                    self._draw(values)
+        except BaseException:
+            with self._state:
+                self._running = False  # a failed draw must not wedge later redraws
+            raise
+
+
+def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hint: str = "",
+                state: Callable[[dict[str, Any]], ControlState] | None = None,
+                notes: Callable[..., list[str]] | None = None, **fixed: Any) -> Any:
+    """Controls above an output area that redraws ``explorer(**controls, **fixed)`` on every change.
+
+    ``hint``: a line above the controls (how to use them). ``state(values)``: the controls to disable
+    for these values and why; a disabled control keeps its value, so the figure still shows what the
+    controls show, and the reason appears in a status line under the controls. ``notes(**values,
+    **fixed)``: lines printed under the figure.
+
+    Not ``ipywidgets.interactive_output``: it draws on every callback thread at once (see ``_Redraw``).
+    """
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    output = widgets.Output()
+
+    def draw(values: dict[str, Any]) -> None:
+        with output:  # shows an explorer's exception in the output area, as interactive_output did
+            output.clear_output(wait=True)
+            display(explorer(**values, **fixed))
+            for line in notes(**values, **fixed) if notes else ():
+                print(line)
+
+    # The row wraps: on a narrow window (a laptop, JupyterLab's file browser open) no control may end up
+    # behind a horizontal scrollbar.
+    row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+    parts = [widgets.HTML(f"<small>{html.escape(hint)}</small>")] if hint else []
+    parts.append(row)
+    if state is not None:
+        status = widgets.HTML()
+
+        def update_controls(_change: Any = None) -> None:
+            disabled, why = state({name: control.value for name, control in controls.items()})
+            for name, control in controls.items():
+                control.disabled = name in disabled
+            status.value = f"<small>{html.escape(why)}</small>" if why else ""
+
+        # Observers run in the order they were added: the controls' state follows a change before the
+        # (slower) redraw starts.
+        for control in controls.values():
+            control.observe(update_controls, "value")
+        update_controls()
+        parts.append(status)
+    redraw = _Redraw(draw, controls)
+    for control in controls.values():
+        control.observe(redraw.request, "value")
+    redraw.request()  # the initial figure
+    return widgets.VBox([*parts, output])
