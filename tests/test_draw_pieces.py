@@ -88,6 +88,26 @@ def test_anatomy_of_plain_graphs_labels_eager_steps_by_their_op():
     runner.close()
 
 
+def _drawn_right_edge(fig) -> float:
+    return max(bar.get_x() + bar.get_width() for bar in fig.axes[0].patches)
+
+
+@pytest.mark.parametrize("rows", [
+    {"FULL": [Piece("segment 0", False, 133)],
+     "PIECEWISE": [Piece("segment 0", False, 25), Piece("eager step", True, op=ATTN), Piece("segment 1", False, 10)]},
+    {"eager ends it": [Piece("segment 0", False, 130), Piece("eager step", True, op=ATTN)],
+     "short": [Piece("segment 0", False, 5)]},
+], ids=["graph-longest", "eager-longest"])
+def test_the_anatomy_axis_ends_where_the_longest_row_does(rows):
+    fig = draw_graph_anatomy(rows)
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (0, _drawn_right_edge(fig))
+    eager = [bar.get_width() for bar in ax.patches if bar.get_facecolor() != ax.patches[0].get_facecolor()]
+    assert f"an eager step is drawn {eager[0]:.3g} ops wide" in ax.get_xlabel()  # the axis says how it counts
+    if "FULL" in rows:
+        assert ax.get_xlim()[1] == 133  # the op count the widest graph is labelled with
+
+
 def test_replay_counts_per_piece_and_size(device):
     runner = ModelRunner(CONFIG, "piecewise", device=device)
     _prefill(runner)

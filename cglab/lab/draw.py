@@ -15,14 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.transforms import offset_copy
 
-from cglab.lab.anatomy import Piece, steps_as_pieces
 from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.config import OP_OF_KIND, CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph
-from cglab.lab.plots import path_colors
+from cglab.lab.anatomy import Piece, steps_as_pieces
+from cglab.lab.plots import MODE_COLORS, path_colors
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
@@ -34,8 +36,11 @@ DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>"
 _FREE = (1.0, 1.0, 1.0)
 _RESERVED = (0.9, 0.9, 0.9)  # in a request's block, not reached yet
 _MISSING = (0.85, 0.1, 0.1)  # the request reached this slot, yet the cache row was never written
-_EAGER = "#f28e2b"
-_SEGMENT = "#4e79a7"
+# A step's pieces in the colours of the modes they run like (never a capture path's red or blue): an eager
+# step runs as mode NONE does, a graph replays what it recorded as a FULL graph does.
+_EAGER = MODE_COLORS["none"]
+_SEGMENT = MODE_COLORS["full"]
+_MARKER_RISE_PT, _MARKER_PT = 7, 7  # a ▼ sits this far above the caches, this tall: clear of its title
 
 
 def _expect(value: object, kind: type, what: str) -> None:
@@ -117,7 +122,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
 
     A coloured cell holds data; red means the request has reached that slot but the cache row was
     never written (the signature of the missing-metadata bug); grey is reserved for later tokens.
-    ``highlight_slots`` (this step's slot mapping) are marked with a triangle.
+    ``highlight_slots`` (this step's slot mapping) are marked with a ▼ above the rows; the legend says so.
     """
     _expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
     if isinstance(highlight_slots, (str, bytes)) or not isinstance(highlight_slots, Sequence) or not all(
@@ -162,7 +167,9 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     for y in range(len(states) + 1):
         ax.axhline(y - 0.5, color="white", lw=2)
     marked = [s for s in highlight_slots if 0 <= s < num_slots]
-    ax.plot(marked, [-0.75] * len(marked), "v", color="black", ms=7, clip_on=False)
+    # Placed in points above the top edge, not in rows: a row's height changes with the figure, the title's pad does not.
+    above = offset_copy(ax.get_xaxis_transform(), fig=fig, y=_MARKER_RISE_PT, units="points")
+    ax.plot(marked, [1.0] * len(marked), "v", color="black", ms=_MARKER_PT, clip_on=False, transform=above)
     ax.set_ylim(len(states) - 0.5, -0.5)
     ax.set_yticks(range(len(states)), list(states))
     ax.set_xticks([b * bs + (bs - 1) / 2 for b in range(used_blocks)], [str(b) for b in range(used_blocks)])
@@ -170,8 +177,12 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     legend = [Patch(color=c, label=r.req_id) for c, r in zip(colors, requests)]
     legend += [Patch(color=_MISSING, label="reached, never written"), Patch(color=_RESERVED, label="reserved"),
                Patch(fc=_FREE, ec="black", label="free")]
+    if marked:
+        legend.append(Line2D([], [], ls="none", marker="v", color="black", ms=_MARKER_PT,
+                             label="slot the last step wrote\n(its slot mapping)"))
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    ax.set_title(title or "paged caches (triangles: the slots this step writes)", pad=14)
+    ax.set_title(title or "paged caches (triangles: the slots this step writes)",
+                 pad=_MARKER_RISE_PT + _MARKER_PT + 4)
     fig.tight_layout()
     return fig
 
@@ -206,7 +217,8 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
         for piece in pieces:
             if piece.eager:
                 ax.barh(y, eager_width, left=x, height=height, color=_EAGER, edgecolor="black")
-                ax.text(x + eager_width / 2, y, _short_op(piece.op), ha="center", va="center", fontsize=7)
+                ax.text(x + eager_width / 2, y, _short_op(piece.op), ha="center", va="center", fontsize=7,
+                        color="white")
                 x += eager_width
                 continue
             width = max(piece.num_ops, 1)
@@ -220,8 +232,10 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
         widest = max(widest, x)
     ax.set_yticks(range(len(graphs)), list(reversed(list(graphs))))
     ax.set_ylim(-0.6, len(graphs) - 0.25)
-    ax.set_xlim(0, widest * 1.02)
-    ax.set_xlabel("replay order, left to right (a graph's width and number: the ops it recorded)")
+    # The axis ends where the longest row does: its ticks count ops, eager steps at their drawn width.
+    ax.set_xlim(0, widest)
+    ax.set_xlabel(f"replay order, left to right, in ops: a graph's width and number are the ops it recorded,\n"
+                  f"an eager step is drawn {eager_width:.3g} ops wide")
     ax.legend(handles=[Patch(color=_SEGMENT, label="graph: replays what it recorded"),
                        Patch(color=_EAGER, label="eager step: its Python runs, reading live metadata")],
               loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize="small", frameon=False)
@@ -302,8 +316,9 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
         uniform = mode is CUDAGraphMode.FULL
         padded = [dispatcher.dispatch(n, n, uniform_token_count=1 if uniform else None) for n in tokens]
         size = np.array([d.num_tokens if d.cg_mode is not CUDAGraphMode.NONE else np.nan for d in padded])
-        ax.step(tokens, size, where="mid", ls=style, label=f"{mode.name} graph size")
-        ax.fill_between(tokens, tokens, size, step="mid", alpha=0.15)
+        color = MODE_COLORS[mode.name.lower()]  # the mode's colour in every picture, never a capture path's
+        ax.step(tokens, size, where="mid", ls=style, color=color, label=f"{mode.name} graph size")
+        ax.fill_between(tokens, tokens, size, step="mid", color=color, alpha=0.15)
     ax.plot(tokens, tokens, color="black", lw=0.8, label="real tokens (no padding)")
     ax.set_xlabel("tokens in the batch")
     ax.set_ylabel("tokens the graph computes")

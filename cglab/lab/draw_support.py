@@ -20,8 +20,8 @@ from matplotlib.patches import Patch
 
 from cglab.config import check_positive_int, dummy_query_lens
 from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
-from cglab.lab.draw import DPI
 from cglab.errors import ConfigError
+from cglab.lab.draw import DPI
 
 __all__ = ["CaptureBatchSupport", "capture_support", "draw_capture_support"]
 

@@ -3,7 +3,8 @@ one question per Axes.
 
 Every benchmark title names the device the numbers come from; results of the CPU simulator also say,
 in the title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes
-one) and returns it, so notebooks can lay figures out as they like.
+one) and returns it, so notebooks can lay figures out as they like. Legends sit under the axes and
+labels in a band kept free of data, so neither covers a curve.
 """
 
 from __future__ import annotations
@@ -14,20 +15,29 @@ from collections.abc import Iterable, Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.transforms import ScaledTranslation
 
 from cglab.bench import BENCH_MODES, BenchResult
 from cglab.errors import ConfigError
 from cglab.repro import ReproResult
 
-__all__ = ["SIM_LABEL", "plot_kernel_floor", "plot_ladder", "plot_latency", "plot_overview",
-           "plot_piecewise_break_cost", "plot_speedup", "plot_tokens_per_step"]
+__all__ = ["MODE_COLORS", "SIM_LABEL", "path_colors", "plot_kernel_floor", "plot_ladder", "plot_latency",
+           "plot_overview", "plot_piecewise_break_cost", "plot_speedup", "plot_tokens_per_step"]
 
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
-_STYLE = {mode: (BENCH_MODES[mode].label, color, marker) for mode, color, marker in (
-    ("none", "tab:red", "o"), ("piecewise", "tab:orange", "s"), ("full", "tab:blue", "^"),
-    ("compiled_piecewise", "tab:olive", "D"), ("compiled_full", "tab:green", "v"),
-    ("reduce_overhead", "tab:purple", "x"))}
+# One colour per benchmark mode in every picture. None is the legacy path's red or the fixed path's blue
+# (path_colors), so red and blue always name a capture path: PIECEWISE purples, FULL greens, the compiled
+# flavour darker, eager grey and the torch.compile peer gold.
+MODE_COLORS = {"none": "#7f7f7f", "piecewise": "#9467bd", "compiled_piecewise": "#4a2a78", "full": "#4daf4a",
+               "compiled_full": "#0b4f12", "reduce_overhead": "#b8860b"}
+_STYLE = {mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker) for mode, marker in (
+    ("none", "o"), ("piecewise", "s"), ("full", "^"), ("compiled_piecewise", "D"), ("compiled_full", "v"),
+    ("reduce_overhead", "x"))}
 _FLOOR_MODES = ("full", "compiled_full")  # one launch a step: what is left above their floors is inside the graph
+_ROW_TOP_PT, _ROW_STEP_PT = 4, 10  # the kernel floor's label rows: below the top edge, apart (7 pt text)
+# The share of the axes height kept free of data per label row: enough for the rows on axes 1.5 inches tall.
+_ROW_BAND = 0.15
 
 
 def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -52,20 +62,19 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
         return _missing(ax, result, "Speed-up over eager", "needs the eager mode (none) in the run")
     eager = _by_size(result, "none", "median_us")
     eager_launches = _by_size(result, "none", "launches")
-    notes = []
+    first = _all_sizes(result)[0]
     for mode in (m for m in result.modes if m != "none"):
         label, color, marker = _STYLE[mode]
         sizes, median = result.series(mode, "median_us")
         ratio = [eager[s] / m for s, m in zip(sizes, median)]
-        ax.plot(sizes, ratio, marker=marker, color=color, label=label)
         launches = _by_size(result, mode, "launches")
-        notes.append(f"{label}: {ratio[0]:.1f}x at batch {sizes[0]}, {_count(launches[sizes[0]])} launches "
-                     f"vs {_count(eager_launches[sizes[0]])} eager")
+        at_first = f": {ratio[0]:.1f}x, {_launches(launches[sizes[0]])}" if sizes[0] == first else ""
+        ax.plot(sizes, ratio, marker=marker, color=color, label=label + at_first)
     ax.axhline(1.0, color="gray", linewidth=1, linestyle=":")
     ax.set_ylabel("speed-up over eager (median latency ratio)")
     ax.set_ylim(bottom=0)
-    _note(ax, "\n".join(notes))
-    return _finish(ax, result, "Speed-up over eager", _all_sizes(result))
+    return _finish(ax, result, "Speed-up over eager", _all_sizes(result),
+                   legend_title=f"at batch {first} (eager: {_launches(eager_launches.get(first, math.nan))})")
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -80,20 +89,28 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
     if all(math.isnan(f) for floor in floors.values() for f in floor):
         return _missing(ax, result, title, "no kernel floor was recorded")
     what = "summed aten op CPU time, under the profiler" if result.backend == "sim" else "summed kernel time"
-    for offset, mode in zip((6, -12), modes):  # FULL's labels above its line, compiled FULL's below
+    highest = 0.0
+    for row, mode in enumerate(modes):
         label, color, marker = _STYLE[mode]
         sizes, median = result.series(mode, "median_us")
+        p90 = result.series(mode, "p90_us")[1]
         ax.plot(sizes, median, marker=marker, color=color, label=f"{label} replay (median)")
-        ax.fill_between(sizes, result.series(mode, "p10_us")[1], result.series(mode, "p90_us")[1], color=color,
-                        alpha=0.25, linewidth=0)
+        ax.fill_between(sizes, result.series(mode, "p10_us")[1], p90, color=color, alpha=0.25, linewidth=0)
         ax.plot(sizes, floors[mode], color=color, linestyle="--", marker=".", label=f"{label} kernel floor ({what})")
+        highest = max([highest, *(v for v in (*median, *p90, *floors[mode]) if not math.isnan(v))])
+        # One row of labels per mode in the band above the data, one per batch size: rows a fixed
+        # distance apart never collide, and the band is kept free of curves by the y limit below.
+        down = -_ROW_TOP_PT - _ROW_STEP_PT * row
         for s, m, f in zip(sizes, median, floors[mode]):
             if not math.isnan(f) and f > 0:
-                ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, m), textcoords="offset points", xytext=(0, offset),
-                            ha="center", fontsize=7, color=color)
+                ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, 1), xycoords=ax.get_xaxis_transform(),
+                            textcoords="offset points", xytext=(0, down), ha="center", va="top", fontsize=7,
+                            color=color)
+        ax.annotate(label, (1, 1), xycoords="axes fraction", textcoords="offset points", xytext=(4, down),
+                    ha="left", va="top", fontsize=7, color=color)
     _roofline(ax, result)
-    ax.set_ylabel("µs per step (labels: replay over its floor)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("µs per step (top rows: replay over its floor)")
+    ax.set_ylim(0, highest / (1 - _ROW_BAND * len(modes)))
     return _finish(ax, result, title, _all_sizes(result))
 
 
@@ -151,14 +168,13 @@ def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Ax
     if "attn_key_range" in first:  # FULL reads its capture-time key range: more attention work at large batch
         full_keys = _by_size(result, "full", "attn_key_range")[sizes[0]]
         note += f"\nattention key range: FULL {_count(full_keys)} keys, PIECEWISE {_count(first['attn_key_range'])}"
-    _note(ax, note)
     ax.set_ylabel("extra µs per eager break (median)")
-    return _finish(ax, result, title, sizes)
+    return _finish(ax, result, title, sizes, legend_title=note)
 
 
 def plot_overview(result: BenchResult) -> Figure:
     """The four figures in a 2x2 grid."""
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), layout="constrained")
+    fig, axes = plt.subplots(2, 2, figsize=(13, 11), layout="constrained")  # tall: legends sit below
     plot_latency(result, axes[0, 0])
     plot_speedup(result, axes[0, 1])
     plot_kernel_floor(result, axes[1, 0])
@@ -232,7 +248,7 @@ def _axes(ax: Axes | None) -> Axes:
     return ax
 
 
-def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int]) -> Axes:
+def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int], legend_title: str | None = None) -> Axes:
     ax.set_xscale("log", base=2)
     if sizes:
         ax.set_xticks(sizes, [str(s) for s in sizes])
@@ -240,8 +256,22 @@ def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int]) -> Axes:
     ax.set_xlabel("batch size (requests, one decode token each)")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best")
+        _legend_below(ax, legend_title)
     return _title(ax, result, what)
+
+
+def _legend_below(ax: Axes, title: str | None) -> None:
+    """The legend under the x-axis label, where it cannot cover a curve; constrained layout makes room.
+
+    The drop is counted in points from the tick and label fonts, so it clears them at any axes size."""
+    rc = plt.rcParams
+    tick_font = FontProperties(size=rc["xtick.labelsize"]).get_size_in_points()
+    label_font = FontProperties(size=rc["axes.labelsize"]).get_size_in_points()
+    drop = (rc["xtick.major.size"] + rc["xtick.major.pad"] + 1.2 * tick_font  # ticks and their labels
+            + rc["axes.labelpad"] + 1.2 * label_font + 4)  # the axis label, and a gap
+    below = ax.transAxes + ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, ncol=2, fontsize=8,
+              frameon=False, title=title, title_fontsize=8, alignment="left")
 
 
 def _title(ax: Axes, result: BenchResult, what: str) -> Axes:
@@ -257,12 +287,6 @@ def _missing(ax: Axes, result: BenchResult, what: str, why: str) -> Axes:
     ax.set_xticks([])
     ax.set_yticks([])
     return _title(ax, result, what)
-
-
-def _note(ax: Axes, text: str) -> None:
-    if text:
-        ax.text(0.98, 0.03, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
-                bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"})
 
 
 def _roofline(ax: Axes, result: BenchResult) -> None:
@@ -285,6 +309,10 @@ def _all_sizes(result: BenchResult) -> list[int]:
 
 def _count(value: float) -> str:
     return "?" if math.isnan(value) else str(int(value))
+
+
+def _launches(value: float) -> str:
+    return "1 launch" if value == 1 else f"{_count(value)} launches"
 
 
 def _model(result: BenchResult) -> str:
