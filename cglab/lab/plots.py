@@ -174,7 +174,7 @@ def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Ax
 
 def plot_overview(result: BenchResult) -> Figure:
     """The four figures in a 2x2 grid."""
-    fig, axes = plt.subplots(2, 2, figsize=(13, 11), layout="constrained")  # tall: legends sit below
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), layout="constrained")
     plot_latency(result, axes[0, 0])
     plot_speedup(result, axes[0, 1])
     plot_kernel_floor(result, axes[1, 0])
