@@ -4,6 +4,8 @@
 move must redraw it, moving back must redraw the first plot exactly (the explorers are deterministic),
 and after a burst of quick changes the plot must be the one drawn for the last values alone, not one
 for values held during the burst (a stale redraw finishing last, or a change that was dropped).
+A control the explorer disabled (it changes nothing for the other values) is not moved, only looked
+at: every control must lie within its row's visible box in a 1280 x 800 window and in a narrower one.
 """
 
 from __future__ import annotations
@@ -30,41 +32,59 @@ _PLOT_FINGERPRINT = """(explorer) => {
   return source.length + ':' + (hash >>> 0).toString(16);
 }"""
 
-# The labels of the explorer's controls that reach past its right edge or the window's: on a narrow
-# window a row of controls that does not wrap hides its last ones behind a horizontal scrollbar.
+# The controls (and lines of text) of the explorer that stick out of their row's visible box: the row
+# (the box holding them) clipped to the explorer and to the window. On a narrow window a row of
+# controls that does not wrap hides its last ones behind a horizontal scrollbar. Each is named by its
+# label (a line of text by its first words) and which side sticks out.
 _OFF_SCREEN = """(explorer) => {
-  const right = Math.min(explorer.getBoundingClientRect().right, window.innerWidth) + 1;
+  const seen = explorer.getBoundingClientRect();
+  const name = n => Array.from(n.querySelectorAll('.widget-label, .widget-label-basic'))
+      .map(label => label.textContent.replace(/\u200b/g, '').trim()).find(text => text)
+    || n.textContent.trim().slice(0, 40) || n.className;
   return Array.from(explorer.querySelectorAll('.widget-inline-hbox'))
-    .filter(n => !n.closest('.widget-output') && n.getBoundingClientRect().right > right)
-    .map(n => Array.from(n.querySelectorAll('.widget-label, .widget-label-basic'))
-      .map(label => label.textContent.replace(/\u200b/g, '').trim()).find(text => text) || n.className);
+    .filter(n => !n.closest('.widget-output'))
+    .flatMap(n => {
+      const row = (n.parentElement && n.parentElement.closest('.widget-box')) || explorer;
+      const box = row.getBoundingClientRect(), control = n.getBoundingClientRect();
+      const left = Math.max(box.left, seen.left, 0) - 1, right = Math.min(box.right, seen.right, window.innerWidth) + 1;
+      const top = Math.max(box.top, seen.top) - 1, bottom = Math.min(box.bottom, seen.bottom) + 1;
+      const sides = [['left', control.left < left], ['right', control.right > right], ['top', control.top < top],
+                     ['bottom', control.bottom > bottom]].filter(([, out]) => out).map(([side]) => side);
+      return sides.length ? [`${name(n)} (${sides.join(', ')})`] : [];
+    });
 }"""
 
 KernelStatus = Callable[[], Awaitable[str]]
-NARROW_WIDTH = 1000  # a 1280-pixel laptop screen with JupyterLab's file browser open leaves about this
+# The windows the controls must fit: a 1280 x 800 laptop screen, and the same screen with JupyterLab's
+# file browser open, which leaves about 1000 pixels.
+WINDOWS = ((1280, 800), (1000, 800))
 LAYOUT_SETTLE_S = 5.0
 
 
-async def _off_screen_when_narrow(explorer: Locator) -> list[str]:
-    """The controls ``_OFF_SCREEN`` finds in a window ``NARROW_WIDTH`` pixels wide.
+async def _off_screen(explorer: Locator) -> list[str]:
+    """The controls ``_OFF_SCREEN`` finds, in each of the ``WINDOWS``, as ``"1000x800: label (right)"``.
 
     JupyterLab lays its panels out again some frames after the window changes size, later still while
-    the kernels keep the cores busy: a row counts as off screen only if it is still there after
+    the kernels keep the cores busy: a control counts as off screen only if it is still there after
     ``LAYOUT_SETTLE_S``.
     """
     page = explorer.page
     size = page.viewport_size
-    await page.set_viewport_size({"width": NARROW_WIDTH, "height": size["height"]})
+    found = []
     try:
-        deadline = time.monotonic() + LAYOUT_SETTLE_S
-        while True:
-            await page.wait_for_timeout(200)
-            off_screen = await explorer.evaluate(_OFF_SCREEN)
-            if not off_screen or time.monotonic() > deadline:
-                return off_screen
+        for width, height in WINDOWS:
+            await page.set_viewport_size({"width": width, "height": height})
+            deadline = time.monotonic() + LAYOUT_SETTLE_S
+            while True:
+                await page.wait_for_timeout(200)
+                off_screen = await explorer.evaluate(_OFF_SCREEN)
+                if not off_screen or time.monotonic() > deadline:
+                    break
+            found += [f"{width}x{height}: {control}" for control in off_screen]
     finally:
         await page.set_viewport_size(size)
         await page.wait_for_timeout(300)
+    return found
 
 
 async def plot_fingerprint(explorer: Locator) -> str | None:
@@ -147,6 +167,12 @@ class Control:
         else:
             await self.locator.select_option(index=argument)
 
+    async def is_enabled(self) -> bool:
+        """Whether a learner can move it now: an explorer disables the controls that change nothing for
+        the other controls' values (a disabled one must not be stepped: Playwright would wait for it)."""
+        return await self.locator.evaluate("n => !(n.disabled || n.closest('[disabled]') "
+                                           "|| n.getAttribute('aria-disabled') === 'true')")
+
     def burst(self, steps: int) -> list[list[Any]]:
         """``steps`` steps forward, as steps for ``_BURST``."""
         return [[self.kind, self.index, self._advance(1)] for _ in range(steps)]
@@ -190,11 +216,13 @@ async def is_explorer(widget: Locator) -> bool:
 async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[str], int]:
     """Drive every control of ``explorer``; return the problems seen and the number of steps taken.
 
-    Each control steps forward and back: the plot must change, then come back exactly (the explorers
-    are deterministic). Then, in one burst, the first control takes ``burst_steps`` steps forward and
-    every other control one: once the redraws settle, the plot must be the one the last control draws
-    on its own for the same values (stepped back and forward again), not one drawn for values some
-    control held during the burst."""
+    Each enabled control steps forward and back: the plot must change, then come back exactly (the
+    explorers are deterministic). Then, in one burst, the first enabled control takes ``burst_steps``
+    steps forward and every other enabled control one: once the redraws settle, the plot must be the
+    one the last control still enabled draws on its own for the same values (stepped back and forward
+    again), not one drawn for values some control held during the burst. Disabled controls are never
+    stepped; every control, disabled or not, must lie within its row's visible box before and after
+    the burst (which disables some)."""
     controls = await controls_of(explorer)
     initial = await plot_fingerprint(explorer)
     if not controls:
@@ -203,10 +231,14 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     if initial is None:
         return ["shows no plot"], 0
     problems, steps = [], 0
-    off_screen = await _off_screen_when_narrow(explorer)
+    off_screen = await _off_screen(explorer)
     if off_screen:
-        problems.append(f"controls reach past the visible width (a learner must scroll sideways): {off_screen}")
+        problems.append(f"controls stick out of their row (a learner must scroll sideways): {off_screen}")
+    enabled = []
     for number, control in enumerate(controls):
+        if not await control.is_enabled():  # checked at its turn: an earlier control may have changed it
+            continue
+        enabled.append(control)
         await control.step(1)
         moved = await wait_for_new_plot(explorer, kernel_status, before=initial)
         await control.step(-1)
@@ -214,11 +246,16 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
         steps += 2
         if back != initial:
             problems.append(f"control {number} ({control.kind}): stepping it back did not redraw the first plot")
-    burst = [step for number, control in enumerate(controls)
+    if not enabled:
+        return [*problems, "every control is disabled"], steps
+    burst = [step for number, control in enumerate(enabled)
              for step in control.burst(control.burst_steps if number == 0 else 1)]
     await explorer.locator(_CONTROLS).evaluate_all(_BURST, burst)
     after_burst = await wait_for_new_plot(explorer, kernel_status, before=initial)
-    last = controls[-1]
+    still_enabled = [control for control in enabled if await control.is_enabled()]
+    if not still_enabled:
+        return [*problems, "after the burst every control is disabled"], steps + len(burst)
+    last = still_enabled[-1]
     await last.step(-1)
     one_back = await wait_for_new_plot(explorer, kernel_status, before=after_burst)
     await last.step(1)
@@ -227,4 +264,9 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     if alone != after_burst:
         problems.append(f"after a burst of {len(burst)} quick changes the plot is not the one drawn for the "
                         f"final values")
+    disabled = len(controls) - len(still_enabled)
+    off_screen = await _off_screen(explorer)
+    if off_screen:
+        problems.append(f"after the burst ({disabled} control(s) disabled) controls stick out of their row: "
+                        f"{off_screen}")
     return problems, steps

@@ -5,7 +5,8 @@ port, token) serves an output-stripped copy of ``notebooks/``; headless Chromium
 in JupyterLab, two tabs at a time, each notebook with a fresh kernel, runs Run All, and fails on an
 error a cell shows without the ``raises-exception`` tag, a cell that never ran, a widget shown as
 text, a plot that did not load, or an error in the page (``lab_notebook``). Every explorer's controls
-are then moved, one at a time and in a burst, and the plot must follow (``lab_explorer``). A
+are then moved, one at a time and in a burst, and the plot must follow; every control, a disabled one
+too, must lie within its row in a 1280 x 800 window and a narrower one (``lab_explorer``). A
 screenshot of each notebook and ``report.txt`` land in ``build/e2e/``. Notebooks are found by glob,
 so a new one is tested without changes here; the server and every kernel are stopped at the end.
 One error in the page is excused, and only as often as the server's log proves it: the failed
@@ -70,7 +71,15 @@ ERROR_CELLS = [
 ]
 WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.lab.widgets import interactive_decode_explorer",
                 "interactive_decode_explorer()",
-                "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)"]  # a widget, not an explorer
+                "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)",  # a widget, not an explorer
+                # An explorer with a control it always disables: the test must look at it and never move it
+                # (Playwright would wait for it to be enabled until its timeout).
+                ("from matplotlib.figure import Figure\nfrom cglab.lab.interactive import interactive\n\n"
+                 "def picture(step, frozen):\n    figure = Figure(figsize=(3, 1))\n"
+                 "    figure.text(0.1, 0.5, f'step {step}, frozen {frozen}')\n    return figure\n\n"
+                 "interactive(picture, {'step': ipywidgets.IntSlider(value=2, max=6, description='step'),\n"
+                 "                      'frozen': ipywidgets.Checkbox(description='frozen')},\n"
+                 "            state=lambda values: (('frozen',), 'frozen changes nothing here'))")]
 
 
 def _write_notebook(path: Path, sources: list[str], raising: tuple[int, ...] = ()) -> None:
@@ -253,10 +262,10 @@ def test_an_error_cell_fails_the_run(lab_runs: dict[str, Any]) -> None:
 
 
 def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, Any]) -> None:
-    """Self-test: the same widgets (an explorer, a progress bar) pass with the widget manager and fail
-    without it."""
+    """Self-test: the same widgets (two explorers, one with a disabled control, and a progress bar) pass
+    with the widget manager and fail without it."""
     run = lab_runs["selftest/widget.ipynb"]
-    assert (run.problems, run.widgets, run.explorers) == ([], 2, 1) and run.control_moves > 0
+    assert (run.problems, run.widgets, run.explorers) == ([], 3, 2) and run.control_moves > 0
     problems = lab_runs[SELFTEST_WITHOUT_WIDGETS].problems
     assert problems and all(" shows a widget as text: " in p or "console error" in p for p in problems), problems
     assert any(p.startswith("cell 1 (interactive_decode_explorer()) shows a widget as text: VBox(children=")
