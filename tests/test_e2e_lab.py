@@ -76,7 +76,7 @@ WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.lab.widgets import interactive_d
                 # (Playwright would wait for it to be enabled until its timeout).
                 ("from matplotlib.figure import Figure\nfrom cglab.lab.interactive import interactive\n\n"
                  "def picture(step, frozen):\n    figure = Figure(figsize=(3, 1))\n"
-                 "    figure.text(0.1, 0.5, f'step {step}, frozen {frozen}')\n    return figure\n\n"
+                 "    figure.add_subplot().set_title(f'step {step}, frozen {frozen}')\n    return figure\n\n"
                  "interactive(picture, {'step': ipywidgets.IntSlider(value=2, max=6, description='step'),\n"
                  "                      'frozen': ipywidgets.Checkbox(description='frozen')},\n"
                  "            state=lambda values: (('frozen',), 'frozen changes nothing here'))")]

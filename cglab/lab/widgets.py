@@ -99,9 +99,12 @@ def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
 
 
 def _message_figure(message: str) -> Figure:
-    """A figure of one line of text, where a plot would have had nothing to show."""
+    """A figure of one line of text, where a plot would have had nothing to show. The text sits in an
+    axes drawn without frame or ticks: IPython shows a figure with no axes as text only."""
     fig = Figure(figsize=(7, 0.4), dpi=DPI)
-    fig.text(0.01, 0.5, message, va="center", fontsize=11)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_axis_off()
+    ax.text(0.01, 0.5, message, va="center", fontsize=11)
     return fig
 
 
