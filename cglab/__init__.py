@@ -22,6 +22,7 @@ _EXPORTS = {
     "cglab.batch": ("BatchExecutionDescriptor", "CudagraphDispatcher", "InputBatch"),
     "cglab.buffers": ("PAD_SLOT_ID", "BlockTables", "InputBuffers"),
     "cglab.cudagraph_utils": ("CudaGraphManager", "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy"),
+    "cglab.compilation_config": ("CompilationConfig", "SpeculativeConfig"),
     "cglab.config": ("CUDAGraphMode", "ToyConfig"),
     "cglab.cudagraph_support": ("AttentionCGSupport",),
     "cglab.errors": ("AddressChangedError", "CapacityError", "CaptureError", "CglabError", "ConfigError",
@@ -36,9 +37,9 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 
 __all__ = [
     "PAD_SLOT_ID", "AddressChangedError", "AttentionCGSupport", "BatchExecutionDescriptor", "BlockTables",
-    "CUDAGraphMode", "CapacityError", "CaptureError", "CglabError", "ConfigError", "CudaGraphManager",
+    "CUDAGraphMode", "CapacityError", "CaptureError", "CglabError", "CompilationConfig", "ConfigError", "CudaGraphManager",
     "CudagraphDispatcher", "InputBatch", "InputBuffers", "MetadataBuildError", "MissingMetadataError", "ModelRunner",
-    "ReproResult", "StepOutput", "ToyConfig", "ToyTransformer", "get_forward_context", "prepare_attn",
+    "ReproResult", "SpeculativeConfig", "StepOutput", "ToyConfig", "ToyTransformer", "get_forward_context", "prepare_attn",
     "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy", "run_repro", "set_forward_context",
     "state_differences",
 ]

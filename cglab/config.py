@@ -112,39 +112,18 @@ def parse_piecewise_flavor(value: object) -> str:
                       "splitting_ops) or 'breakable' (one capture, split at the eager breaks)")
 
 
-def resolve_splitting_ops(splitting_ops: object, layers: tuple[str, ...], flavor: str = "compiled") -> tuple[str, ...]:
-    """The ops compiled PIECEWISE splits at. ``None``: the attention ops (``attn``, ``linear_attn``), as
-    vLLM's default (if the model has any).
-
-    An explicit list must name ops of this model's layers, and at least one: with none, attention
-    would be frozen inside a piece (for one graph over everything, use mode 'full').
-    """
+def resolve_splitting_ops(splitting_ops: Sequence[str] | None, layers: tuple[str, ...]) -> tuple[str, ...]:
+    """The ops compiled PIECEWISE splits at: ``splitting_ops`` (parsed by ``CompilationConfig``), each
+    of which the model must have; None: the model's attention ops (``attn``, ``linear_attn``), as
+    vLLM's default."""
     in_model = [OP_OF_KIND[k] for k in dict.fromkeys(layers)]
-    if splitting_ops is not None and flavor == "breakable":
-        raise ConfigError("splitting_ops applies to piecewise_flavor='compiled'; breakable graphs split where "
-                          "the eager-break functions are called (attention)")
     if splitting_ops is None:
         return tuple(op for op in in_model if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
-    parts = splitting_ops.split(",") if isinstance(splitting_ops, str) else splitting_ops
-    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
-                          f"got {splitting_ops!r}")
-    names = [p.strip() for p in parts]
-    if not any(names):
-        raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at "
-                          f"(this model has {', '.join(in_model)}); for one graph over the whole forward "
-                          "use mode 'full'")
-    check_no_empty_item("splitting_ops", splitting_ops, names)
-    ops = tuple(dict.fromkeys(names))
-    unknown = [op for op in ops if op not in OP_OF_KIND.values()]
-    if unknown:
-        raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "
-                          f"valid names: {', '.join(OP_OF_KIND.values())}")
-    absent = [op for op in ops if op not in in_model]
+    absent = [op for op in splitting_ops if op not in in_model]
     if absent:
         raise ConfigError(f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
                           f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op")
-    return ops
+    return tuple(splitting_ops)
 
 
 def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:

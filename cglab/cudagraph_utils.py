@@ -31,6 +31,7 @@ import torch
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation import CglabBackend, cudagraph_capturing_enabled
+from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 from cglab.errors import AddressChangedError, CaptureError
 from cglab.graphs import CapturedGraph, GraphBackend
@@ -79,16 +80,17 @@ def prepare_inputs_to_capture_legacy(num_reqs: int, num_tokens: int, input_buffe
 
 
 def prepare_capture_metadata(desc: BatchExecutionDescriptor, num_reqs: int, input_buffers: InputBuffers,
-                             block_tables: BlockTables, attn_groups: Sequence[AttentionGroup], *,
-                             legacy_skip_attn: bool, use_breakable_cg: bool) -> dict[str, Any] | None:
+                             block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
+                             compilation_config: CompilationConfig) -> dict[str, Any] | None:
     """The metadata ``desc``'s graph is captured with: the fixed path, or with ``legacy_skip_attn`` the
     code from before the fix. The target model and the speculative drafter both call this, because
     vLLM PR #49364 changed both call sites the same way."""
     args = (num_reqs, desc.num_tokens, input_buffers, block_tables, attn_groups)
     piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
-    if not legacy_skip_attn:
+    if not compilation_config.legacy_skip_attn:
         return prepare_inputs_to_capture(*args, full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)[0]
     # The old, buggy path: compiled PIECEWISE capture built no metadata.
+    use_breakable_cg = compilation_config.use_breakable_cg
     attn_metadata, _ = prepare_inputs_to_capture_legacy(*args, skip_attn=piecewise and not use_breakable_cg)
     if piecewise:  # the assert that stood in vLLM's capture code before the fix
         assert (attn_metadata is not None) == use_breakable_cg

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from cglab.compilation_config import CompilationConfig
 from cglab.config import (
     CUDAGraphMode,
     ToyConfig,
@@ -267,6 +268,24 @@ def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], 
         yield scheduled, False
 
 
+def repro_compilation_config(mode: str | CUDAGraphMode, legacy_skip_attn: bool, piecewise_flavor: str,
+                             splitting_ops: Sequence[str] | None, uniform_decode_by_shape: bool) -> CompilationConfig:
+    """The ``CompilationConfig`` of a repro's graph runner, from the switches ``run_repro`` and
+    ``run_spec_repro`` take (and the command line names)."""
+    flavor = parse_piecewise_flavor(piecewise_flavor)
+    return CompilationConfig(CUDAGraphMode.parse(mode), use_breakable_cg=flavor == "breakable",
+                             splitting_ops=splitting_ops, legacy_skip_attn=legacy_skip_attn,
+                             uniform_decode_by_shape=uniform_decode_by_shape)
+
+
+def new_result(cc: CompilationConfig, config: ToyConfig, steps: int, prefill_chunk: int = 0,
+               num_speculative_tokens: int = 0) -> ReproResult:
+    """An empty result for the case ``cc`` names, before any runner runs."""
+    return ReproResult(cc.cudagraph_mode.value, cc.piecewise_flavor, cc.legacy_skip_attn, ",".join(config.layers),
+                       "eager", {}, steps, prefill_chunk, {}, None, None, None, tolerance=tolerance(config.dtype),
+                       num_speculative_tokens=num_speculative_tokens)
+
+
 def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool = False,
               piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
               layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
@@ -286,20 +305,16 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     A switch that changes nothing in ``mode`` (any graph switch under ``"none"``, the legacy one under a
     policy without PIECEWISE graphs) is accepted, so that tables and explorers can set every case alike;
     the CLI refuses the first and notes the second."""
-    cg_mode = CUDAGraphMode.parse(mode)
-    flavor = parse_piecewise_flavor(piecewise_flavor)
+    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
                           max_num_reqs=max_num_reqs, **config_overrides)
     # Bad input fails here, before any runner is built.
-    ops = resolve_splitting_ops(splitting_ops, config.layers, flavor)
+    ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
     _check_prefill_chunk(prefill_chunk, config, batch_sizes)
-    result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps,
-                         prefill_chunk, {}, None, None, None, tolerance=tolerance(config.dtype))
-    # The graph runner first: it checks its switches and the device before it builds anything.
+    result = new_result(cc, config, steps, prefill_chunk)
+    # The graph runner first: it checks the device before it builds anything.
     try:
-        runner = ModelRunner(config, cg_mode, device=device, legacy_skip_attn=legacy_skip_attn,
-                             piecewise_flavor=flavor, splitting_ops=splitting_ops,
-                             uniform_decode_by_shape=uniform_decode_by_shape)
+        runner = ModelRunner(config, cc, device=device)
     except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
         return failed_capture(result, exc, ModelRunner(config, "none", device=device), ops)
     result.cudagraph_mode, result.cudagraph_mode_note = runner.cudagraph_mode.value, runner.cudagraph_mode_note

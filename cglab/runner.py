@@ -18,13 +18,14 @@ from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatc
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
-from cglab.compilation.backends import COMPILERS, auto_compiler
+from cglab.compilation.backends import auto_compiler
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import (
+    DEVICES,
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
     check_positive_int,
-    parse_piecewise_flavor,
     resolve_cudagraph_mode,
     resolve_splitting_ops,
     splitting_ops_contain_attention,
@@ -43,7 +44,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
         raise ConfigError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
-    if resolved.type not in ("cpu", "cuda"):
+    if resolved.type not in DEVICES:
         raise ConfigError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' was asked for but no CUDA GPU is visible; "
@@ -75,37 +76,16 @@ class StepOutput:
 class ModelRunner:
     """A toy engine: a model, its persistent buffers, its metadata builders and its graphs."""
 
-    def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
-                 device: str | torch.device = "cpu", backend: str = "auto", legacy_skip_attn: bool = False,
-                 piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
-                 compile_backend: str = "auto", uniform_decode_by_shape: bool = False,
-                 builders: dict[str, MetadataBuilder] | None = None,
+    def __init__(self, config: ToyConfig, compilation_config: CompilationConfig | str | CUDAGraphMode = "none", *,
+                 device: str | torch.device = "cpu", builders: dict[str, MetadataBuilder] | None = None,
                  progress: Callable[[BatchExecutionDescriptor], None] | None = None,
-                 check_addresses: bool | None = None, decode_query_len: int = 1,
-                 draft_layers: Sequence[tuple[str, str]] = (), return_hidden_states: bool = False) -> None:
-        """``legacy_skip_attn=True`` captures with the code from before vLLM PR #49364 (the bug).
-
-        ``piecewise_flavor``: ``"compiled"`` (vLLM's default) runs the model through torch.compile,
-        split at ``splitting_ops`` (default: the attention op), with one graph per piece;
-        ``"breakable"`` (vLLM's ``use_breakable_cg``) captures the plain model in one breakable capture.
-        With the compiled flavor FULL graphs are captured from the compiled model too.
-        ``compile_backend``: how compiled pieces are compiled, ``"inductor"`` or ``"eager"`` (the FX
-        piece as it is); ``"auto"``: inductor on CUDA, eager on the CPU, unless ``$CGLAB_COMPILE_BACKEND`` says.
-
-        ``uniform_decode_by_shape=True`` classifies a batch as uniform decode from its shape alone, as
-        vLLM did before PR #51865: a prompt chunk of one token per request then takes a decode graph.
-        Since #51865 a batch in which any request is still prefilling is never uniform decode.
-
-        ``check_addresses``: before every replay, check that each tensor the graph read at capture
-        was written in place, not replaced (``AddressChangedError``). ``None``: on for the simulator,
-        off for real CUDA graphs (where it would cost time in every measured step).
-
-        Speculative decoding (``cglab.spec_decode``) sets ``decode_query_len`` to ``K + 1``, the tokens
-        of one request's verification step (uniform-decode graphs are captured for that count), and
-        ``draft_layers`` to the drafter's ``(layer name, kind)`` pairs: they share this runner's block
-        tables, so every step's metadata covers them too, and the draft prefill reuses it;
-        ``return_hidden_states`` appends the model's last hidden states to every output row, for an
-        EAGLE-style drafter.
+                 speculative_config: SpeculativeConfig | None = None) -> None:
+        """``compilation_config``: how to compile and capture, or a mode name for a config with only
+        that mode (``"none"``: the eager reference every comparison uses). ``builders``: metadata
+        builders by layer kind, replacing the defaults. ``progress(desc)``: called after each capture.
+        ``speculative_config``: serve a drafter (``cglab.spec_decode``): uniform-decode graphs for
+        ``K + 1`` tokens per request, the draft layers' metadata in every step, and the last hidden
+        states appended to every output row.
 
         A mode that a builder's ``cudagraph_support`` cannot serve is lowered first, as vLLM does at
         start-up: ``cudagraph_mode`` is the policy used, ``cudagraph_mode_note`` why (None: as asked).
@@ -113,36 +93,27 @@ class ModelRunner:
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
                               "build one with ToyConfig(layers='sconv,attn', ...)")
-        for name, flag in (("legacy_skip_attn", legacy_skip_attn), ("uniform_decode_by_shape", uniform_decode_by_shape),
-                           ("return_hidden_states", return_hidden_states)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"{name} must be True or False, got {flag!r}")
-        if not isinstance(check_addresses, (bool, type(None))):
-            raise ConfigError(f"check_addresses must be True, False or None (the backend's default), "
-                              f"got {check_addresses!r}")
-        if compile_backend not in ("auto", *COMPILERS):
-            raise ConfigError(f"unknown compile_backend {compile_backend!r}; use 'auto', 'eager' or 'inductor'")
-        check_positive_int("decode_query_len", decode_query_len)
+        if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
+            raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
+        cc = self.compilation_config = CompilationConfig.of(compilation_config)
+        spec = self.speculative_config = speculative_config
+        decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)
-        self.compile_backend = auto_compiler(self.device.type) if compile_backend == "auto" else compile_backend
-        requested = CUDAGraphMode.parse(cudagraph_mode)
-        self.legacy_skip_attn = legacy_skip_attn
-        self.uniform_decode_by_shape = uniform_decode_by_shape
-        self.piecewise_flavor = parse_piecewise_flavor(piecewise_flavor)
-        self.use_breakable_cg = self.piecewise_flavor == "breakable"
-        self.splitting_ops = resolve_splitting_ops(splitting_ops, config.layers, self.piecewise_flavor)
-        self.model = ToyTransformer(config, self.device, return_hidden_states=return_hidden_states)
+        self.compile_backend = auto_compiler(self.device.type) if cc.backend == "auto" else cc.backend
+        self.splitting_ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
+        self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
         # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
         self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
         self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device)
         self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
                                         config.max_num_tokens, self.device)
         self.attn_groups = build_attn_groups(config, self.device, builders,
-                                             [*zip(config.layer_names, config.layers), *draft_layers])
+                                             [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())])
         # Before the dispatcher and the compile backend: both follow the lowered policy.
         self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-            requested, self.attn_groups, config.layers, self.piecewise_flavor, self.splitting_ops, decode_query_len)
+            cc.cudagraph_mode, self.attn_groups, config.layers, cc.piecewise_flavor, self.splitting_ops,
+            decode_query_len)
         self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, config.capture_sizes, config.max_num_reqs,
                                               decode_query_len)
         self.block_pool = BlockPool(config.num_blocks)
@@ -150,15 +121,15 @@ class ModelRunner:
         self.cudagraph_manager: CudaGraphManager | None = None
         # Resolved once here; a speculative drafter captures with the same backend and settings.
         self.graph_backend: GraphBackend | None = None
-        self.check_addresses = bool(check_addresses)
+        self.check_addresses = bool(cc.check_addresses)
         if self.cudagraph_mode is not CUDAGraphMode.NONE:
-            if backend == "auto":
-                backend = "cuda" if self.device.type == "cuda" else "sim"
-            graph_backend = self.graph_backend = get_backend(backend, self.device)
-            if check_addresses is None:
+            graph_backend = self.graph_backend = get_backend(
+                ("cuda" if self.device.type == "cuda" else "sim") if cc.graph_backend == "auto" else cc.graph_backend,
+                self.device)
+            if cc.check_addresses is None:
                 self.check_addresses = graph_backend.name == "sim"
             compiled = None
-            if not self.use_breakable_cg:
+            if not cc.use_breakable_cg:
                 piecewise = CUDAGraphMode.PIECEWISE in self.cudagraph_mode.runtime_modes()
                 compiled = CglabBackend(graph_backend, self.splitting_ops, piecewise=piecewise,
                                         compiler=self.compile_backend, check_addresses=self.check_addresses)
@@ -199,8 +170,7 @@ class ModelRunner:
         num_tokens = desc.num_tokens
         num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
         attn_metadata = prepare_capture_metadata(desc, num_reqs, self.input_buffers, self.block_tables,
-                                                 self.attn_groups, legacy_skip_attn=self.legacy_skip_attn,
-                                                 use_breakable_cg=self.use_breakable_cg)
+                                                 self.attn_groups, self.compilation_config)
         input_ids = self.input_buffers.input_ids[:num_tokens]
         positions = self.input_buffers.positions[:num_tokens]
 
@@ -272,7 +242,7 @@ class ModelRunner:
         return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
 
     def _uniform_token_count(self, reqs: Sequence[RequestState], query_lens: Sequence[int]) -> int | None:
-        has_prefill = not self.uniform_decode_by_shape and any(r.is_prefilling() for r in reqs)
+        has_prefill = not self.compilation_config.uniform_decode_by_shape and any(r.is_prefilling() for r in reqs)
         return get_uniform_decode_token_count(query_lens, has_prefill)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:

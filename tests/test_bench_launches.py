@@ -12,6 +12,7 @@ import torch
 
 from cglab import ModelRunner, ToyConfig
 from cglab.bench.run import count_launches
+from cglab.compilation_config import CompilationConfig
 from cglab.forward_context import set_forward_context
 from cglab.graphs.ops import OpCounter
 from cglab.layers.attention import unified_attention
@@ -24,7 +25,7 @@ KERNELS, ATTENTION_KERNELS = 67, 32
 
 
 def _decode_step(mode: str, flavor: str):  # type: ignore[no-untyped-def]
-    runner = ModelRunner(CONFIG, mode, piecewise_flavor=flavor, check_addresses=False)
+    runner = ModelRunner(CONFIG, CompilationConfig(mode, use_breakable_cg=flavor == "breakable", check_addresses=False))
     for i in range(2):
         runner.add_request(f"r{i}")
         runner.step({f"r{i}": [1, 2, 3]}, eager=True)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from cglab import AddressChangedError, ModelRunner, ToyConfig, run_repro, state_differences
+from cglab.compilation_config import CompilationConfig
 from cglab.forward_context import set_forward_context
 from cglab.graphs.ops import OpCounter
 from cglab.layers.sconv import short_conv
@@ -57,7 +58,7 @@ def test_legacy_graph_never_writes_guarded_state(device):
     """After eager prefill, legacy compiled PIECEWISE decode steps write attention's KV cache but
     never the sconv or compressor state: the pieces replay the profiling branch."""
     config = ToyConfig(max_num_reqs=4)
-    runner = ModelRunner(config, "piecewise", device=device, legacy_skip_attn=True)
+    runner = ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True), device=device)
     for i in range(4):
         runner.add_request(f"r{i}")
         runner.step({f"r{i}": list(range(3, 9 + i))}, eager=True)
@@ -100,8 +101,7 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
     """With the address guard off (the default on CUDA), the breakage is silent."""
     config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
     reference = ModelRunner(config, "none", device=device)
-    runner = ModelRunner(config, "piecewise", device=device, check_addresses=False,
-                         builders={"sconv": AllocatingShortConvMetadataBuilder(config, reference.device)})
+    runner = ModelRunner(config, CompilationConfig("piecewise", check_addresses=False), device=device, builders={"sconv": AllocatingShortConvMetadataBuilder(config, reference.device)})
     for i in range(4):
         for r in (runner, reference):
             r.add_request(f"r{i}")
@@ -120,8 +120,7 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
 def test_address_guard_catches_the_allocating_builder(device):
     """On by default in the simulator (opt-in on CUDA): the first replay names the replaced tensor."""
     config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
-    runner = ModelRunner(config, "piecewise", device=device, check_addresses=None if device == "cpu" else True,
-                         builders={"sconv": AllocatingShortConvMetadataBuilder(config, device)})
+    runner = ModelRunner(config, CompilationConfig("piecewise", check_addresses=None if device == "cpu" else True), device=device, builders={"sconv": AllocatingShortConvMetadataBuilder(config, device)})
     runner.add_request("r0")
     runner.step({"r0": [1, 2, 3]}, eager=True)  # eager steps read live tensors: nothing to guard
     with pytest.raises(AddressChangedError) as err:
@@ -135,7 +134,7 @@ def test_address_guard_catches_the_allocating_builder(device):
 def test_legacy_guarded_graph_records_nothing_for_the_layer(device):
     config = ToyConfig(layers=("sconv",), capture_sizes=(2,))
     fixed = ModelRunner(config, "piecewise", device=device)
-    legacy = ModelRunner(config, "piecewise", device=device, legacy_skip_attn=True)
+    legacy = ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True), device=device)
     (f,), (g,) = fixed.cudagraph_manager.graphs.values(), legacy.cudagraph_manager.graphs.values()
     # The sconv op's own kernels on the captured batch shape: with live metadata, and with none.
     for r in ("a", "b"):
@@ -177,7 +176,7 @@ def test_capture_does_not_touch_caches(device, mode, flavor, layers):
     request at most, the dummy batches of 4 and 8 tokens are one request each, whose 4th and 8th
     tokens complete compressor groups: still no cache row may change, not even by a bit."""
     config = ToyConfig(layers=layers, max_num_reqs=1, capture_sizes=(4, 8))
-    runner = RandomCachesRunner(config, mode, device=device, piecewise_flavor=flavor)
+    runner = RandomCachesRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device)
     assert len(runner.cudagraph_manager.graphs) == 2
     for name, tensor in runner.state_tensors().items():
         assert torch.equal(tensor, runner.before_capture[name]), name

@@ -19,6 +19,7 @@ from cglab import (
 from cglab.cli import main
 from cglab.compilation import PiecewiseGraph
 from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
+from cglab.compilation_config import CompilationConfig
 from cglab.graphs import get_backend
 
 CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
@@ -127,18 +128,18 @@ def test_a_recompile_is_impossible(device):
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"piecewise_flavor": "fused"}, "unknown PIECEWISE flavor 'fused'"),
+    ({"use_breakable_cg": "fused"}, "use_breakable_cg must be True or False"),
     ({"splitting_ops": ["cglab::flash_attn"]}, "unknown splitting op(s) 'cglab::flash_attn'; valid names"),
     ({"splitting_ops": ["cglab::compressor"]}, "'cglab::compressor' are not in this model"),
     ({"splitting_ops": []}, "splitting_ops is empty"),
-    ({"splitting_ops": ["cglab::short_conv"], "piecewise_flavor": "breakable"},
+    ({"splitting_ops": ["cglab::short_conv"], "use_breakable_cg": True},
      "applies to piecewise_flavor='compiled'"),
-    ({"compile_backend": "tvm"}, "unknown compile_backend 'tvm'"),
+    ({"backend": "tvm"}, "unknown compile backend 'tvm'"),
 ])
 def test_bad_compile_options_get_a_config_error(kwargs, needle):
     config = ToyConfig(layers=("sconv", "attn"))
     with pytest.raises(ConfigError) as err:
-        ModelRunner(config, "piecewise", **kwargs)
+        ModelRunner(config, CompilationConfig("piecewise", **kwargs))
     assert needle in str(err.value)
 
 

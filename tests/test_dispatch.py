@@ -3,6 +3,7 @@
 import pytest
 
 from cglab import BatchExecutionDescriptor, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig
+from cglab.compilation_config import CompilationConfig
 from cglab.config import default_capture_sizes
 
 NONE, PW, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
@@ -62,7 +63,8 @@ def test_none_policy_captures_nothing():
 
 
 def _runner_with_prompts(policy: str, **kwargs) -> ModelRunner:
-    runner = ModelRunner(ToyConfig(layers="sconv,attn", max_num_reqs=4, capture_sizes=(1, 2, 4)), policy, **kwargs)
+    runner = ModelRunner(ToyConfig(layers="sconv,attn", max_num_reqs=4, capture_sizes=(1, 2, 4)),
+                         CompilationConfig(policy, **kwargs))
     runner.add_request("old")
     runner.step({"old": [1, 2, 3]}, eager=True)
     runner.add_request("new", num_prompt_tokens=3)  # its prompt arrives a token a step

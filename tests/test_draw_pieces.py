@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cglab import BatchExecutionDescriptor, ConfigError, CUDAGraphMode, ModelRunner, ToyConfig
+from cglab.compilation_config import CompilationConfig
 from cglab.lab.anatomy import Piece, describe_pieces, describe_replays, graph_pieces, trace_replay
 from cglab.lab.draw import draw_graph_anatomy
 
@@ -42,7 +43,7 @@ def test_compiled_pieces_are_the_submodules_of_the_split_graph(device):
 
 def test_breakable_segments_cut_where_the_compiled_pieces_do(device):
     compiled = ModelRunner(CONFIG, "piecewise", device=device)
-    breakable = ModelRunner(CONFIG, "piecewise", device=device, piecewise_flavor="breakable")
+    breakable = ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True), device=device)
     pieces = graph_pieces(breakable)  # default: the first graph captured, the largest
     assert [p.name for p in pieces] == ["segment 0", "eager step", "segment 1", "eager step", "segment 2"]
     assert [p.op for p in pieces if p.eager] == [ATTN, ATTN]  # named by op, not by the Python function
@@ -57,7 +58,7 @@ def test_breakable_segments_cut_where_the_compiled_pieces_do(device):
 
 
 def test_a_short_conv_splitting_op_becomes_an_eager_piece(device):
-    runner = ModelRunner(CONFIG, "piecewise", device=device, splitting_ops=[ATTN, SCONV])
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", splitting_ops=[ATTN, SCONV]), device=device)
     pieces = graph_pieces(runner, PIECEWISE_4)
     assert [p.eager for p in pieces] == [False, True, False, True, False, True, False]
     assert (pieces[1].name, pieces[1].op, pieces[1].span) == ("submod_1", SCONV, "layers.0.mixer")
@@ -67,7 +68,7 @@ def test_a_short_conv_splitting_op_becomes_an_eager_piece(device):
     assert lines[0].endswith(f"4 graph(s), {total} ops; 3 eager step(s)")
     assert "split at cglab::unified_attention, cglab::short_conv" in lines[0]
     assert lines[2] == "  submod_1  eager  cglab::short_conv at layers.0.mixer: its Python runs at every step"
-    every_op = ModelRunner(CONFIG, "piecewise", device=device, splitting_ops=[ATTN, SCONV, "cglab::compressor"])
+    every_op = ModelRunner(CONFIG, CompilationConfig("piecewise", splitting_ops=[ATTN, SCONV, "cglab::compressor"]), device=device)
     assert [p.span for p in graph_pieces(every_op)[4:7]] == [  # spans name modules, not their projections
         "layers.1.mixer … layers.2.mixer", "layers.2.mixer", "layers.2.mixer … layers.3.mixer"]
     every_op.close()
@@ -78,7 +79,7 @@ def test_a_short_conv_splitting_op_becomes_an_eager_piece(device):
 
 
 def test_anatomy_of_plain_graphs_labels_eager_steps_by_their_op():
-    runner = ModelRunner(CONFIG, "full_and_piecewise", splitting_ops=[ATTN, SCONV])
+    runner = ModelRunner(CONFIG, CompilationConfig("full_and_piecewise", splitting_ops=[ATTN, SCONV]))
     graphs = runner.cudagraph_manager.graphs
     fig = draw_graph_anatomy({"full": graphs[FULL_4].graph, "piecewise": graphs[PIECEWISE_4].graph})
     texts = _texts(fig)
@@ -148,7 +149,7 @@ def test_trace_shows_the_python_that_runs_at_replay(device):
     assert compiled.requests["r0"].num_computed_tokens == 5  # the traced steps really ran
     compiled.close()
 
-    breakable = ModelRunner(CONFIG, "piecewise", device=device, piecewise_flavor="breakable")
+    breakable = ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True), device=device)
     _prefill(breakable)
     lines = trace_replay(breakable, {"r0": [1], "r1": [2, 3]}).splitlines()
     assert [line.strip().split(":")[0] for line in lines[2:]] == [
@@ -181,5 +182,5 @@ def test_describing_a_runner_without_those_graphs_is_a_config_error():
     with pytest.raises(ConfigError, match="no compiled PIECEWISE pieces"):
         describe_replays(full)
     with pytest.raises(ConfigError, match="no compiled PIECEWISE pieces"):
-        describe_replays(ModelRunner(CONFIG, "piecewise", piecewise_flavor="breakable"))
+        describe_replays(ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True)))
     full.close()

@@ -24,6 +24,7 @@ from cglab import (
     ToyConfig,
     run_repro,
 )
+from cglab.compilation_config import CompilationConfig
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 
@@ -94,9 +95,9 @@ def runner() -> ModelRunner:
 RUNNER_CASES = {
     "config of the wrong type": (lambda: ModelRunner({"layers": "attn"}), "ToyConfig(layers="),
     "unknown mode": (lambda: ModelRunner(CONFIG, "pice"), "choose one of"),
-    "unknown backend": (lambda: ModelRunner(CONFIG, "full", backend="tpu"), "'sim'"),
+    "unknown backend": (lambda: ModelRunner(CONFIG, CompilationConfig("full", graph_backend="tpu")), "'sim'"),
     "unknown device": (lambda: ModelRunner(CONFIG, device="tpu"), "use 'cpu' or 'cuda'"),
-    "flag not a bool": (lambda: ModelRunner(CONFIG, legacy_skip_attn="no"), "True or False"),
+    "flag not a bool": (lambda: ModelRunner(CONFIG, CompilationConfig("none", legacy_skip_attn="no")), "True or False"),
     "builder without build()": (lambda: ModelRunner(CONFIG, builders={"sconv": object()}), "builders['sconv']"),
     "builder for an unknown kind": (lambda: ModelRunner(CONFIG, builders={"conv": None}), "valid kinds"),
 }
@@ -182,7 +183,7 @@ def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytes
         return forward(self, hidden)
 
     monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", syncing_forward)
-    fix = _message(lambda: ModelRunner(CONFIG, "piecewise", piecewise_flavor="breakable"), CaptureError)
+    fix = _message(lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True)), CaptureError)
     assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: host sync during graph capture")
     assert "use torch.where" in fix
     # Compiled, the same line cannot even be traced: dynamo refuses it in the profiling run, where it
@@ -195,7 +196,7 @@ def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytes
 
 def test_missing_metadata_in_a_strict_layer_names_the_fix() -> None:
     config = ToyConfig(layers=("sconv", "attn"), strict_layers=True, capture_sizes=(2,))
-    fix = _message(lambda: ModelRunner(config, "piecewise", legacy_skip_attn=True), MissingMetadataError)
+    fix = _message(lambda: ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True)), MissingMetadataError)
     assert "PIECEWISE(tokens=2, reqs=any)" in fix and "prepare_inputs_to_capture(..., full_cudagraph)" in fix
 
 

@@ -6,6 +6,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from cglab import ModelRunner, ToyConfig
+from cglab.compilation_config import CompilationConfig
 from cglab.errors import ConfigError
 from cglab.lab.express import OpRow, compare_recordings, describe_recordings, draw_recordings, recorded_ops
 
@@ -16,7 +17,7 @@ SHORT_CONV_OPS = ["index_put_", "index", "ge", "where", "mul", "sum", "mul", "ad
 @pytest.fixture(scope="module")
 def runners() -> dict[bool, ModelRunner]:
     """Compiled PIECEWISE on the simulator, one graph size, fixed (False) and legacy (True)."""
-    return {legacy: ModelRunner(ToyConfig(capture_sizes=(4,)), "piecewise", device="cpu", legacy_skip_attn=legacy)
+    return {legacy: ModelRunner(ToyConfig(capture_sizes=(4,)), CompilationConfig("piecewise", legacy_skip_attn=legacy), device="cpu")
             for legacy in (False, True)}
 
 
@@ -51,8 +52,7 @@ def test_runners_without_compiled_pieces_are_refused() -> None:
     with pytest.raises(ConfigError, match="compiled PIECEWISE"):
         recorded_ops(ModelRunner(ToyConfig(capture_sizes=(4,)), "full", device="cpu"))
     with pytest.raises(ConfigError, match="compiled PIECEWISE"):
-        recorded_ops(ModelRunner(ToyConfig(capture_sizes=(4,)), "piecewise", device="cpu",
-                                 piecewise_flavor="breakable"))
+        recorded_ops(ModelRunner(ToyConfig(capture_sizes=(4,)), CompilationConfig("piecewise", use_breakable_cg=True), device="cpu"))
 
 
 def test_compare_recordings_aligns_in_order() -> None:

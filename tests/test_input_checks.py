@@ -18,7 +18,8 @@ import torch
 from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
 from cglab.bench import BenchConfig
 from cglab.bench.startup import StartupConfig
-from cglab.config import MAX_CONFIG_MEMORY_GIB, MAX_LAYERS, parse_layer_pattern, resolve_splitting_ops
+from cglab.compilation_config import CompilationConfig
+from cglab.config import MAX_CONFIG_MEMORY_GIB, MAX_LAYERS, parse_layer_pattern
 from cglab.model import ToyTransformer
 from cglab.repro import repro_config
 from cglab.spec_decode import run_spec_repro
@@ -126,8 +127,8 @@ def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
 
 @pytest.mark.parametrize("call", [
     lambda: parse_layer_pattern("sconv,attn,"),
-    lambda: resolve_splitting_ops("cglab::unified_attention,,cglab::short_conv", ("sconv", "attn")),
-    lambda: resolve_splitting_ops(["cglab::unified_attention", ""], ("sconv", "attn")),
+    lambda: CompilationConfig(splitting_ops="cglab::unified_attention,,cglab::short_conv"),
+    lambda: CompilationConfig(splitting_ops=["cglab::unified_attention", ""]),
     lambda: BenchConfig.quick_preset(modes="none,,full"),
     lambda: run_repro("piecewise", layers="sconv,attn", splitting_ops="cglab::unified_attention,", steps=2),
 ], ids=["layer pattern", "splitting ops string", "splitting ops list", "bench modes", "run_repro"])

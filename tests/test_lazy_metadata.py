@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from cglab import ModelRunner, ToyConfig
+from cglab.compilation_config import CompilationConfig
 from cglab.graphs.sim import SimSegment
 from cglab.metadata import LazyPlanAttentionMetadataBuilder
 
@@ -37,7 +38,7 @@ class WarmupMetadataRunner(ModelRunner):
 
 
 def lazy_runner(runner_class: type[ModelRunner], mode: str, device: str, flavor: str = "compiled") -> ModelRunner:
-    return runner_class(CONFIG, mode, device=device, piecewise_flavor=flavor,
+    return runner_class(CONFIG, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device,
                         builders={"attn": LazyPlanAttentionMetadataBuilder(CONFIG)})
 
 
@@ -182,6 +183,6 @@ def test_every_graph_is_captured_after_one_eager_warmup(device):
     full_steps = ("warmup forward", "run NONE (warmup context)", "forward", "run FULL")
     assert compiled == [*_procedure(pw.format(2), *compiled_pw), *_procedure(pw.format(1), *compiled_pw),
                         *_procedure(full.format(2), *full_steps), *_procedure(full.format(1), *full_steps)]
-    breakable = ProcedureRunner(config, "piecewise", device=device, piecewise_flavor="breakable").log
+    breakable = ProcedureRunner(config, CompilationConfig("piecewise", use_breakable_cg=True), device=device).log
     breakable_pw = ("warmup forward", "run NONE (warmup context)", "forward", "run PIECEWISE")
     assert breakable == [*_procedure(pw.format(2), *breakable_pw), *_procedure(pw.format(1), *breakable_pw)]

@@ -22,10 +22,11 @@ from cglab import (
     state_differences,
 )
 from cglab.cli import main
+from cglab.compilation_config import CompilationConfig
 from cglab.config import resolve_cudagraph_mode, resolve_splitting_ops, splitting_ops_contain_attention
 from cglab.cudagraph_support import can_build_metadata
-from cglab.lab.draw_support import capture_support, draw_capture_support
 from cglab.forward_context import set_forward_context
+from cglab.lab.draw_support import capture_support, draw_capture_support
 from cglab.layers.linear_attn import LinearAttention, _linear_attention
 from cglab.metadata import (
     CommonAttentionMetadata,
@@ -120,7 +121,7 @@ def test_legacy_breakable_capture_fails_in_the_builder_above_max_num_reqs(device
     assert result.cudagraph_mode == "piecewise" and result.captured_sizes == {}
     config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(2, 8), max_num_reqs=4)
     with pytest.raises(MetadataBuildError, match=r"8 tokens in 4 requests \(longest query 2 tokens\)") as info:
-        ModelRunner(config, "piecewise", device=device, piecewise_flavor="breakable", legacy_skip_attn=True)
+        ModelRunner(config, CompilationConfig("piecewise", use_breakable_cg=True, legacy_skip_attn=True), device=device)
     assert isinstance(info.value, CaptureError)
 
 
@@ -157,7 +158,7 @@ def test_capture_writes_nothing_into_the_state_cache(device, monkeypatch, mode, 
 
     monkeypatch.setattr(LinearAttention, "__init__", prefilled)
     config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(1, 4, 16), max_num_reqs=4, num_blocks=8)
-    runner = ModelRunner(config, mode, device=device, piecewise_flavor=flavor)
+    runner = ModelRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device)
     before = torch.randn((config.num_blocks + 1, config.num_heads, config.head_dim, config.head_dim),
                          generator=torch.Generator().manual_seed(1))[:-1]
     assert torch.equal(runner.state_tensors()[STATE].cpu(), before)
@@ -182,11 +183,11 @@ def test_plain_full_is_lowered_to_full_and_piecewise_and_matches_eager(device, f
 
 def test_the_runner_uses_the_lowered_policy_everywhere_and_full_decode_only_stays() -> None:
     config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(1, 2))
-    lowered = ModelRunner(config, "full", piecewise_flavor="breakable")
+    lowered = ModelRunner(config, CompilationConfig("full", use_breakable_cg=True))
     assert lowered.cudagraph_mode is FULL_AND_PIECEWISE and lowered.dispatcher.policy is FULL_AND_PIECEWISE
     assert {d.uniform_token_count for d in lowered.dispatcher.descriptors if d.cg_mode is FULL} == {1}
     assert "LinearAttentionMetadataBuilder" in lowered.cudagraph_mode_note
-    kept = ModelRunner(config, "full_decode_only", piecewise_flavor="breakable")
+    kept = ModelRunner(config, CompilationConfig("full_decode_only", use_breakable_cg=True))
     assert kept.cudagraph_mode is FULL_DECODE_ONLY and kept.cudagraph_mode_note is None
     assert ModelRunner(ToyConfig(capture_sizes=(1,)), "full").cudagraph_mode_note is None  # all ALWAYS
 
@@ -211,10 +212,10 @@ def test_linear_attention_must_stay_a_splitting_op_under_compiled_piecewise() ->
     config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(1, 2))
     assert resolve_splitting_ops(None, config.layers) == ("cglab::linear_attention", "cglab::unified_attention")
     with pytest.raises(ConfigError, match="add cglab::linear_attention to splitting_ops"):
-        ModelRunner(config, "piecewise", splitting_ops=["cglab::unified_attention"])
+        ModelRunner(config, CompilationConfig("piecewise", splitting_ops=["cglab::unified_attention"]))
     # Without PIECEWISE graphs nothing is frozen in a piece: FULL lowered to FULL_DECODE_ONLY (attention
     # is not all split), and the FULL decode graphs hold decode capture metadata.
-    runner = ModelRunner(config, "full", splitting_ops=["cglab::unified_attention"])
+    runner = ModelRunner(config, CompilationConfig("full", splitting_ops=["cglab::unified_attention"]))
     assert runner.cudagraph_mode is FULL_DECODE_ONLY
 
 

@@ -13,6 +13,7 @@ from cglab import ModelRunner, ToyConfig, run_repro
 from cglab.bench.config import BenchConfig
 from cglab.bench.run import _make_runner
 from cglab.compilation.backends import COMPILE_BACKEND_ENV, auto_compiler
+from cglab.compilation_config import CompilationConfig
 from cglab.errors import ConfigError
 from cglab.lab.notebook import setup_notebook
 
@@ -89,7 +90,7 @@ def test_a_wrong_compile_backend_in_the_environment_is_one_clear_error(no_env: p
 def test_the_runner_reads_auto_from_the_environment(no_env: pytest.MonkeyPatch) -> None:
     no_env.setenv(COMPILE_BACKEND_ENV, "inductor")
     assert ModelRunner(ToyConfig(), "none").compile_backend == "inductor"  # "none" compiles nothing
-    assert ModelRunner(ToyConfig(), "none", compile_backend="eager").compile_backend == "eager"
+    assert ModelRunner(ToyConfig(), CompilationConfig("none", backend="eager")).compile_backend == "eager"
 
 
 def test_the_bench_compiles_as_vllm_whatever_the_environment_says(no_env: pytest.MonkeyPatch) -> None:

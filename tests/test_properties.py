@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cglab import CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, state_differences
+from cglab.compilation_config import CompilationConfig
 from cglab.config import LAYER_KINDS
 
 TOLERANCE = 1e-4  # float32; padding changes matmul shapes, so bit-equality is too strict
@@ -50,7 +51,7 @@ def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) ->
                                  max_size=config.max_num_reqs))
     # Ends with request 0 alone: the rest of its prompt (if any), then surely a decode step.
     plan = data.draw(step_plans(config.max_num_reqs)) + [[2 * MAX_QUERY], [1]]
-    runner = ModelRunner(config, mode, piecewise_flavor=flavor)
+    runner = ModelRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"))
     reference = ModelRunner(config, "none")
     for i, prompt_len in enumerate(prompts):
         for r in (runner, reference):
@@ -134,7 +135,7 @@ def test_legacy_compiled_piecewise_skips_exactly_the_stateful_layers(
                        max_num_reqs=len(prompts), max_model_len=(MAX_STEPS + 2) * MAX_QUERY,
                        num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
                        capture_sizes=tuple(capture_sizes), seed=seed)
-    runner = ModelRunner(config, "piecewise", piecewise_flavor="compiled", legacy_skip_attn=True)
+    runner = ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True))
     reference = ModelRunner(config, "none")
     for i, n in enumerate(prompts):
         for r in (runner, reference):

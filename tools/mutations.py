@@ -110,7 +110,7 @@ MUTATIONS = [
              "descs.append(BatchExecutionDescriptor(mixed, size, min(size, self.max_num_reqs)))",
              ("tests/test_dispatch.py",)),
     Mutation("prefill-chunk-is-decode", "a prompt chunk shaped like decode takes a decode graph (vLLM #51865)",
-             "cglab/runner.py", "has_prefill = not self.uniform_decode_by_shape and any(",
+             "cglab/runner.py", "has_prefill = not self.compilation_config.uniform_decode_by_shape and any(",
              "has_prefill = False and any(", ("tests/test_dispatch.py",)),
     Mutation("step-logits-padded", "a step hands back its padding rows' logits too",
              "cglab/runner.py", "logits = self.execute(prepared)[: prepared.num_tokens].clone()",

@@ -21,6 +21,7 @@ from cglab.bench.profiling import profile_steps
 from cglab.bench.roofline import measure_bandwidth, roofline
 from cglab.bench.timing import Samples, cpu_threads, split, stats, time_steps
 from cglab.compilation import CompiledModel
+from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import ConfigError
 from cglab.forward_context import set_forward_context
@@ -108,11 +109,12 @@ def build_order(modes: Sequence[str]) -> list[str]:
 
 def _make_runner(mode: str, toy: ToyConfig, device: torch.device, status: Callable[..., None]) -> ModelRunner:
     kind = BENCH_MODES[mode]
-    flavor = "compiled" if kind.flavor == "compiled" else "breakable"  # breakable: the plain model
+    # Every row but the compiled ones runs the plain model: breakable, where PIECEWISE applies.
     # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
     # every backend so CPU and GPU time the same work.
-    return ModelRunner(toy, kind.cg_mode, device=device, check_addresses=False, piecewise_flavor=flavor,
-                       compile_backend=bench_compiler(device.type), progress=lambda d: status(f"captured {d}"))
+    cc = CompilationConfig(kind.cg_mode, use_breakable_cg=kind.flavor != "compiled",
+                           backend=bench_compiler(device.type), check_addresses=False)
+    return ModelRunner(toy, cc, device=device, progress=lambda d: status(f"captured {d}"))
 
 
 def _prefill(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> None:

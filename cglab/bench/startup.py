@@ -29,6 +29,7 @@ from cglab.bench.environment import collect_environment
 from cglab.bench.files import read_pair, save_pair
 from cglab.bench.modes import POLICIES, bench_compiler
 from cglab.compilation import CompiledModel
+from cglab.compilation_config import CompilationConfig
 from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes, parse_layer_pattern
 from cglab.runner import ModelRunner, resolve_device
 
@@ -128,16 +129,20 @@ def _warm_process(toy: ToyConfig, device: torch.device) -> None:
     context and libraries) on a tiny model, so that it lands in no row."""
     tiny = ToyConfig(layers=("sconv", "attn"), hidden_size=toy.num_heads * 4, num_heads=toy.num_heads,
                      dtype=toy.dtype, max_num_reqs=2, capture_sizes=(1, 2))
-    ModelRunner(tiny, "full_and_piecewise", device=device, check_addresses=False,
-                compile_backend=bench_compiler(device.type)).close()
+    ModelRunner(tiny, _compilation_config("full_and_piecewise", "compiled", "fixed", device), device=device).close()
+
+
+def _compilation_config(policy: str, flavor: str, path: str, device: torch.device) -> CompilationConfig:
+    # The address guard is a debugging aid: off, so that it costs nothing in the measured start-up.
+    return CompilationConfig(policy, use_breakable_cg=flavor == "breakable", legacy_skip_attn=path == "legacy",
+                             backend=bench_compiler(device.type), check_addresses=False)
 
 
 def _start(toy: ToyConfig, device: torch.device, policy: str, flavor: str, path: str) -> dict[str, Any]:
     gc.collect()
     with _cold_compiles():
         start = time.perf_counter()
-        runner = ModelRunner(toy, policy, device=device, piecewise_flavor=flavor, legacy_skip_attn=path == "legacy",
-                             check_addresses=False, compile_backend=bench_compiler(device.type))
+        runner = ModelRunner(toy, _compilation_config(policy, flavor, path, device), device=device)
         startup = time.perf_counter() - start
     try:
         manager = runner.cudagraph_manager

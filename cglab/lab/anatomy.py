@@ -137,7 +137,7 @@ def _flavor(runner: ModelRunner, desc: BatchExecutionDescriptor) -> str:
     if desc.cg_mode is CUDAGraphMode.FULL:
         compiled = runner.cudagraph_manager is not None and runner.cudagraph_manager.compiled is not None
         return f"one capture of the {'compiled ' if compiled else ''}model"
-    if runner.use_breakable_cg:
+    if runner.compilation_config.use_breakable_cg:
         return "breakable, cut at its eager breaks"
     if not runner.splitting_ops:
         return "compiled, with no splitting op in this model"
@@ -176,7 +176,7 @@ def describe_replays(runner: ModelRunner) -> str:
     compiled = runner.cudagraph_manager.compiled if runner.cudagraph_manager else None
     if compiled is None or not compiled.wrappers:
         raise ConfigError("no compiled PIECEWISE pieces here: build the runner with a policy that captures "
-                          "PIECEWISE graphs and piecewise_flavor='compiled'")
+                          "PIECEWISE graphs, compiled (CompilationConfig(use_breakable_cg=False), the default)")
     descs = list(next(iter(compiled.wrappers.values())).entries)
     headers = [f"tokens={d.num_tokens}" for d in descs]
     width = max(len(name) for name in compiled.wrappers)

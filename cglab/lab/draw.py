@@ -249,7 +249,7 @@ class BatchShape:
     prefilling (their tokens are prompt tokens, the last chunk of the prompt included).
 
     ``by_shape=True`` classifies it with the rule from before vLLM PR #51865 (equal query lengths are
-    enough), as ``ModelRunner(..., uniform_decode_by_shape=True)`` does.
+    enough), as ``CompilationConfig(..., uniform_decode_by_shape=True)`` does.
     """
 
     label: str

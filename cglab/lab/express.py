@@ -47,7 +47,7 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0",
     compiled = manager.compiled if manager is not None else None
     if manager is None or not manager.graphs or compiled is None or not compiled.wrappers:
         raise ConfigError("recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
-                          "ModelRunner(config, 'piecewise', piecewise_flavor='compiled')")
+                          "ModelRunner(config, 'piecewise') (compiled, the default)")
     if desc is None:
         desc = next(d for d, entry in manager.graphs.items() if isinstance(entry.graph, PiecewiseGraph))
     wrapper = compiled.wrappers.get(piece)

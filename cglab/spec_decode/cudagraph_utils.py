@@ -29,6 +29,7 @@ import torch
 from cglab.batch import BatchExecutionDescriptor
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, prepare_capture_metadata
+from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 from cglab.forward_context import set_forward_context
 from cglab.metadata import AttentionGroup
@@ -52,7 +53,7 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
     def capture_routine(self, routine: DraftRoutine, input_buffers: InputBuffers, block_tables: BlockTables,
                         attn_groups: Sequence[AttentionGroup], *,
                         reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
-                        legacy_skip_attn: bool, use_breakable_cg: bool) -> None:
+                        compilation_config: CompilationConfig) -> None:
         """Capture ``routine`` for every descriptor of this manager's dispatcher.
 
         ``reads(metadata)``: what the routine reads from outside its graph, checked before each replay.
@@ -62,8 +63,7 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
             num_reqs = desc.num_reqs or min(desc.num_tokens, max_num_reqs)
             attn_metadata = prepare_capture_metadata(desc, num_reqs, input_buffers, block_tables, attn_groups,
-                                                     legacy_skip_attn=legacy_skip_attn,
-                                                     use_breakable_cg=use_breakable_cg)
+                                                     compilation_config)
 
             def call() -> torch.Tensor:
                 return routine(desc, num_reqs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cglab.config import CUDAGraphMode, check_num_speculative_tokens, parse_piecewise_flavor, resolve_splitting_ops
+from cglab.config import CUDAGraphMode, check_num_speculative_tokens, resolve_splitting_ops
 from cglab.errors import CaptureError, CglabError, ConfigError
 from cglab.repro import (
     ReproResult,
@@ -25,8 +25,9 @@ from cglab.repro import (
     divergence_verdict,
     failed_capture,
     make_workload,
+    new_result,
+    repro_compilation_config,
     repro_config,
-    tolerance,
 )
 from cglab.spec_decode.draft_model import DRAFT_PREFIX, draft_layer_pairs
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
@@ -49,23 +50,19 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
     as ``run_repro``.
     """
-    cg_mode = CUDAGraphMode.parse(mode)
-    flavor = parse_piecewise_flavor(piecewise_flavor)
+    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape)
     k = check_num_speculative_tokens(num_speculative_tokens)
     if k == 0:
         raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, num_speculative_tokens=k,
                           max_num_reqs=max_num_reqs, **config_overrides)
-    ops = resolve_splitting_ops(splitting_ops, config.layers, flavor)  # bad input fails here, before anything is built
+    ops = resolve_splitting_ops(cc.splitting_ops, config.layers)  # bad input fails here
     check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
-    result = ReproResult(cg_mode.value, flavor, legacy_skip_attn, ",".join(config.layers), "eager", {}, steps, 0, {},
-                         None, None, None, tolerance=tolerance(config.dtype), num_speculative_tokens=k)
+    result = new_result(cc, config, steps, num_speculative_tokens=k)
     common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
-    # The graph runner first: it checks its switches and the device before it builds anything.
+    # The graph runner first: it checks the device before it builds anything.
     try:
-        runner = SpecDecodeRunner(config, cg_mode, legacy_skip_attn=legacy_skip_attn, piecewise_flavor=flavor,
-                                  splitting_ops=splitting_ops, frozen_step_index=frozen_step_index,
-                                  uniform_decode_by_shape=uniform_decode_by_shape, **common)
+        runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
         return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, ops, k + 1)
     result.cudagraph_mode, result.cudagraph_mode_note = (runner.target.cudagraph_mode.value,

@@ -11,17 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from cglab.batch import BatchExecutionDescriptor
-from cglab.config import (
-    CUDAGraphMode,
-    ToyConfig,
-    adjust_capture_sizes_for_spec_decode,
-    check_num_speculative_tokens,
-)
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig
+from cglab.config import CUDAGraphMode, ToyConfig, adjust_capture_sizes_for_spec_decode
 from cglab.errors import ConfigError
 from cglab.runner import ModelRunner, parse_token_ids
 from cglab.spec_decode.draft_model import draft_layer_pairs
@@ -45,20 +40,18 @@ class SpecStepOutput:
 class SpecDecodeRunner:
     """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification.
 
-    ``config``'s capture sizes are rounded to multiples of ``K + 1`` first (as vLLM does); the other
-    keyword arguments go to the target ``ModelRunner`` (``device``, ``legacy_skip_attn``,
-    ``piecewise_flavor``...), and the drafter captures with the same settings.
+    ``config``'s capture sizes are rounded to multiples of ``K + 1`` first (as vLLM does); the target
+    ``ModelRunner`` gets ``compilation_config``, and the drafter captures with the same settings.
     ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
     """
 
-    def __init__(self, config: ToyConfig, cudagraph_mode: str | CUDAGraphMode = "none", *,
+    def __init__(self, config: ToyConfig, compilation_config: CompilationConfig | str | CUDAGraphMode = "none", *,
                  num_speculative_tokens: int, draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
-                 frozen_step_index: bool = False, **runner_kwargs: Any) -> None:
+                 frozen_step_index: bool = False, device: str | torch.device = "cpu") -> None:
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"SpecDecodeRunner needs a ToyConfig, got {type(config).__name__}")
-        k = check_num_speculative_tokens(num_speculative_tokens)
-        if k == 0:
-            raise ConfigError("num_speculative_tokens is 0: there is nothing to draft; use ModelRunner")
+        spec = SpeculativeConfig(num_speculative_tokens)  # checks K
+        k = spec.num_speculative_tokens
         # A request holds at least one prompt token, then K + 1 tokens are verified at a time.
         if k + 2 > config.max_model_len or k + 1 > config.max_num_batched_tokens:
             raise ConfigError(f"num_speculative_tokens {k} does not fit: a verification step writes {k + 1} tokens "
@@ -72,8 +65,8 @@ class SpecDecodeRunner:
             config.capture_sizes, k))
         self.config = config
         self.num_speculative_tokens = k
-        self.target = ModelRunner(config, cudagraph_mode, decode_query_len=k + 1, draft_layers=pairs,
-                                  return_hidden_states=True, **runner_kwargs)
+        self.target = ModelRunner(config, compilation_config, device=device,
+                                  speculative_config=dataclasses.replace(spec, draft_layers=pairs))
         # The draft layers' weights differ from the target's, as a real drafter's would.
         self.speculator = AutoRegressiveSpeculator(self.target, k, draft_layers, seed=config.seed + 1,
                                                    frozen_step_index=frozen_step_index)

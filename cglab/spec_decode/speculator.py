@@ -82,7 +82,7 @@ class AutoRegressiveSpeculator:
         backend = target.graph_backend
         if backend is not None:
             compiled = None
-            if not target.use_breakable_cg:
+            if not target.compilation_config.use_breakable_cg:
                 # One compilation config for both models, as in vLLM: split at the target's
                 # splitting ops that the drafter has.
                 ops = [op for op in target.splitting_ops if op in {OP_OF_KIND[k] for _, k in self.model.layer_pairs}]
@@ -101,15 +101,15 @@ class AutoRegressiveSpeculator:
         decode graphs (through the drafter's own)."""
         assert self.prefill_manager is not None and self.decode_manager is not None
         target = self.target
-        switches = {"legacy_skip_attn": target.legacy_skip_attn, "use_breakable_cg": target.use_breakable_cg}
+        cc = target.compilation_config
         # Indices left by earlier runs must not index out of range in the dummy batches.
         self.last_token_indices.zero_()
         self.prefill_manager.capture_routine(self._captured_prefill, target.input_buffers, target.block_tables,
-                                             target.attn_groups, reads=self._reads, **switches)
+                                             target.attn_groups, reads=self._reads, compilation_config=cc)
         if self.num_speculative_tokens > 1:
             self.current_draft_step.fill_(1)  # warmup and capture run step 1, the first draft decode step
             self.decode_manager.capture_routine(self._captured_decode, self.input_buffers, target.block_tables,
-                                                self.attn_groups, reads=self._reads, **switches)
+                                                self.attn_groups, reads=self._reads, compilation_config=cc)
 
     def _captured_prefill(self, desc: BatchExecutionDescriptor, num_reqs: int) -> torch.Tensor:
         out = self._run_model(desc.num_tokens)

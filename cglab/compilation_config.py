@@ -1,0 +1,112 @@
+"""``CompilationConfig`` and ``SpeculativeConfig``: how a runner compiles and captures, in one frozen
+value each (vLLM: ``vllm/config/compilation.py``, ``vllm/config/speculative.py``).
+
+Every switch that decides how graphs are captured lives here and is checked here, once; the runner,
+the drafter, ``run_repro``, the command line and the benchmark pass the value along instead of seven
+loose keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cglab.config import OP_OF_KIND, CUDAGraphMode, check_no_empty_item, check_num_speculative_tokens
+from cglab.errors import ConfigError
+
+COMPILE_BACKENDS = ("auto", "eager", "inductor")
+GRAPH_BACKENDS = ("auto", "sim", "cuda")
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    """How the model is compiled and its CUDA graphs captured.
+
+    ``cudagraph_mode``: a runtime mode or a policy (``"full_and_piecewise"`` is vLLM's default).
+    ``use_breakable_cg``: PIECEWISE as one breakable capture of the plain model, instead of
+    torch.compile pieces split at ``splitting_ops`` (None: the model's attention ops).
+    ``backend``: how compiled pieces are compiled; ``"auto"`` is inductor on CUDA and the FX piece
+    as it is on the CPU, unless ``$CGLAB_COMPILE_BACKEND`` says otherwise.
+    ``legacy_skip_attn``: capture with the code from before vLLM PR #49364 (the bug).
+    ``uniform_decode_by_shape``: classify a batch as uniform decode by its shape alone, as vLLM did
+    before PR #51865 (a prompt chunk of one token per request then takes a decode graph).
+    ``graph_backend``: ``"sim"`` (the CPU simulator), ``"cuda"``, or ``"auto"`` by device.
+    ``check_addresses``: before every replay, check that each tensor a graph read at capture was
+    written in place (None: on for the simulator, off for real CUDA graphs, where it costs time).
+    """
+
+    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    use_breakable_cg: bool = False
+    splitting_ops: tuple[str, ...] | None = None
+    backend: str = "auto"
+    legacy_skip_attn: bool = False
+    uniform_decode_by_shape: bool = False
+    graph_backend: str = "auto"
+    check_addresses: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cudagraph_mode", CUDAGraphMode.parse(self.cudagraph_mode))
+        for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.check_addresses, (bool, type(None))):
+            raise ConfigError(f"check_addresses must be True, False or None (the graph backend's default), "
+                              f"got {self.check_addresses!r}")
+        if self.backend not in COMPILE_BACKENDS:
+            raise ConfigError(f"unknown compile backend {self.backend!r}; use {', '.join(map(repr, COMPILE_BACKENDS))}")
+        if self.graph_backend not in GRAPH_BACKENDS:
+            raise ConfigError(f"unknown graph backend {self.graph_backend!r}; valid names: "
+                              f"{', '.join(map(repr, GRAPH_BACKENDS))}")
+        if self.splitting_ops is not None:
+            object.__setattr__(self, "splitting_ops", _parse_splitting_ops(self.splitting_ops, self.use_breakable_cg))
+
+    @classmethod
+    def of(cls, value: CompilationConfig | str | CUDAGraphMode) -> CompilationConfig:
+        """``value`` itself, or a mode name as shorthand for a config with only that mode."""
+        return value if isinstance(value, CompilationConfig) else cls(cudagraph_mode=value)
+
+    @property
+    def piecewise_flavor(self) -> str:
+        """``"breakable"`` or ``"compiled"``, as the notebooks and the command line name them."""
+        return "breakable" if self.use_breakable_cg else "compiled"
+
+
+def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ...]:
+    """Known op names, at least one, each once; only for compiled PIECEWISE. Whether the model has
+    them is checked against its layers (``resolve_splitting_ops``)."""
+    if use_breakable_cg:
+        raise ConfigError("splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
+                          "graphs split where the eager-break functions are called (attention)")
+    parts = value.split(",") if isinstance(value, str) else value
+    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
+        raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
+                          f"got {value!r}")
+    names = [p.strip() for p in parts]
+    if not any(names):
+        raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at; "
+                          "for one graph over the whole forward use mode 'full'")
+    check_no_empty_item("splitting_ops", value, names)
+    unknown = [op for op in names if op not in OP_OF_KIND.values()]
+    if unknown:
+        raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "
+                          f"valid names: {', '.join(OP_OF_KIND.values())}")
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """What a target runner needs to serve a drafter: ``num_speculative_tokens`` K (its uniform
+    decode batches hold ``K + 1`` tokens per request) and the drafter's ``(layer name, kind)`` pairs,
+    which share the target's block tables, so every step's metadata covers them too. The target
+    also returns its last hidden states with the logits, for the EAGLE-style drafter."""
+
+    num_speculative_tokens: int
+    draft_layers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if check_num_speculative_tokens(self.num_speculative_tokens) == 0:
+            raise ConfigError("num_speculative_tokens is 0: there is nothing to draft; use a plain ModelRunner")
+        object.__setattr__(self, "draft_layers", tuple(tuple(pair) for pair in self.draft_layers))
+
+    @property
+    def uniform_decode_query_len(self) -> int:
+        return self.num_speculative_tokens + 1
