@@ -22,7 +22,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The checks run with the variable unset, as on a CI runner that has never heard of it.
 unexport OMP_NUM_THREADS
 
-.PHONY: setup lab test test-e2e test-gpu notebooks html picture clean
+.PHONY: setup lab lint test test-e2e test-gpu notebooks html picture clean
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -55,13 +55,18 @@ lab: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" \
 	  $(VENV)/bin/jupyter lab notebooks/ $(LAB_QUIET) $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# ruff, configured in pyproject.toml. make test runs it first: it takes a second, and a dirty tree
+# fails the build before the long suites start.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
 # -n auto: one pytest worker per core (pytest-xdist); --dist loadscope keeps each test file, and
 # each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel. The
 # notebooks come first: they are the longest units, and the short test files then fill the gaps.
 # Then the browser tests, after the others rather than beside them: both suites keep the cores
 # busy, so running them together saved no time, and it starved the browser tests' clocks (Run All
 # and redraw timeouts). Both parts run whatever the first one's result; either failing fails.
-test: $(STAMP)
+test: $(STAMP) lint
 	@MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval) tests; \
 	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
 	test $$unit -eq 0 && test $$e2e -eq 0

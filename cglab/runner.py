@@ -16,7 +16,6 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
 from cglab.compilation.backends import auto_compiler
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
@@ -30,6 +29,7 @@ from cglab.config import (
     resolve_splitting_ops,
     splitting_ops_contain_attention,
 )
+from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
 from cglab.errors import CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphBackend, get_backend

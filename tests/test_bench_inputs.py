@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from cglab import bench
-from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, check_output, load_results, save_results
+from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, check_output, load_results, save_results, startup
 from cglab.bench import files as results
-from cglab.bench import startup
 from cglab.cli import main
 from cglab.errors import ConfigError
 

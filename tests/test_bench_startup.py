@@ -12,9 +12,9 @@ import pytest
 from cglab.bench import startup
 from cglab.bench.report import startup_targets
 from cglab.bench.startup import StartupConfig, StartupResult, load_startup, save_startup
-from cglab.cudagraph_utils import CaptureStats
 from cglab.cli import main
 from cglab.compilation import CompiledModel
+from cglab.cudagraph_utils import CaptureStats
 from cglab.errors import ConfigError
 
 

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cglab import ConfigError, bench
-from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
+from cglab import ConfigError, bench, cli
+from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results, startup
 from cglab.bench import files as results
-from cglab.bench import startup
 from cglab.bench.startup import STARTUP_COLUMNS, StartupResult, load_startup
-from cglab import cli
 from cglab.cli import main
 
 PACKAGE = Path(cli.__file__).parent

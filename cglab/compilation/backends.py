@@ -26,7 +26,6 @@ from cglab.errors import CaptureError, ConfigError
 from cglab.graphs import CapturedGraph, EagerStep, GraphBackend, GraphSegment
 from cglab.graphs.capture_driver import Step
 
-
 COMPILERS = ("eager", "inductor")
 COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
 

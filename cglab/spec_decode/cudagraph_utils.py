@@ -28,9 +28,9 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, prepare_capture_metadata
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
+from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, prepare_capture_metadata
 from cglab.forward_context import set_forward_context
 from cglab.metadata import AttentionGroup
 

@@ -32,9 +32,9 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher
 from cglab.buffers import InputBuffers, write_padded
-from cglab.cudagraph_utils import graph_reads, tensor_source
 from cglab.compilation import CglabBackend, CompiledModel
 from cglab.config import OP_OF_KIND, CUDAGraphMode
+from cglab.cudagraph_utils import graph_reads, tensor_source
 from cglab.forward_context import set_forward_context
 from cglab.metadata import build_attn_groups
 from cglab.runner import ModelRunner, PreparedStep, prepare_inputs
