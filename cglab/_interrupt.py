@@ -1,16 +1,7 @@
-"""One line, not a traceback, for a Ctrl-C while ``python -m cglab`` is still starting.
-
-Once ``cglab.cli.main`` runs, it turns a Ctrl-C into one line and exit status 130, after a save
-in progress has been undone. Before that, ``python -m cglab`` spends seconds importing this
-package and torch, and a KeyboardInterrupt raised there either reaches the interpreter, which
-prints a traceback, or is swallowed by a library's import (torch's NumPy set-up), which then
-fails oddly or runs on as if no key had been pressed. So while it imports, a Ctrl-C ends the
-process at once: nothing has been measured or written yet.
-
-Set only under ``python -m cglab`` (while Python imports the package for ``-m``, ``sys.argv[0]``
-reads ``"-m"``), and only over Python's own handler: a program that imports cglab, or a shell that
-made the process ignore Ctrl-C, keeps its own.
-"""
+"""One line, not a traceback, for a Ctrl-C while ``python -m cglab`` imports torch: a KeyboardInterrupt
+there prints a traceback or is swallowed by an import that then fails oddly, so until ``cli.main`` takes
+over, Ctrl-C ends the process at once. Only under ``-m`` (``sys.argv[0] == "-m"`` while importing) and
+only over Python's own handler."""
 
 from __future__ import annotations
 

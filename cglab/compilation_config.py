@@ -1,10 +1,5 @@
-"""``CompilationConfig`` and ``SpeculativeConfig``: how a runner compiles and captures, in one frozen
-value each (vLLM: ``vllm/config/compilation.py``, ``vllm/config/speculative.py``).
-
-Every switch that decides how graphs are captured lives here and is checked here, once; the runner,
-the drafter, ``run_repro``, the command line and the benchmark pass the value along instead of seven
-loose keyword arguments.
-"""
+"""``CompilationConfig`` and ``SpeculativeConfig``: how a runner compiles and captures, one frozen value
+each, checked once (vLLM: ``vllm/config/compilation.py``, ``vllm/config/speculative.py``)."""
 
 from __future__ import annotations
 
@@ -71,8 +66,7 @@ class CompilationConfig:
 
 
 def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ...]:
-    """Known op names, at least one, each once; only for compiled PIECEWISE. Whether the model has
-    them is checked against its layers (``resolve_splitting_ops``)."""
+    """Known op names, at least one, each once; compiled PIECEWISE only (the model: ``resolve_splitting_ops``)."""
     if use_breakable_cg:
         raise ConfigError("splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
                           "graphs split where the eager-break functions are called (attention)")
@@ -94,10 +88,8 @@ def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ..
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """What a target runner needs to serve a drafter: ``num_speculative_tokens`` K (its uniform
-    decode batches hold ``K + 1`` tokens per request) and the drafter's ``(layer name, kind)`` pairs,
-    which share the target's block tables, so every step's metadata covers them too. The target
-    also returns its last hidden states with the logits, for the EAGLE-style drafter."""
+    """What a target runner needs to serve a drafter: K (uniform decode batches hold ``K + 1`` tokens per
+    request) and the drafter's ``(layer name, kind)`` pairs, whose metadata the target builds too."""
 
     num_speculative_tokens: int
     draft_layers: tuple[tuple[str, str], ...] = ()

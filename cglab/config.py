@@ -66,6 +66,33 @@ class CUDAGraphMode(enum.Enum):
             raise ConfigError(f"unknown CUDA graph mode {value!r}; choose one of: {valid}") from None
 
 
+def check_int(name: str, value: object, low: int = 1, high: int | None = None, note: str = "") -> int:
+    """``value`` if it is an int (``True`` is not a size) from ``low`` to ``high``, else a ConfigError
+    naming ``name``; ``note`` goes before the value given."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        wanted = ("a positive integer" if low == 1 and high is None else f"an integer of at least {low}"
+                  if high is None else f"an integer from {low} to {high}")
+        raise ConfigError(f"{name} must be {wanted}{note}, got {value!r}")
+    return value
+
+
+def check_sizes(what: str, sizes: object, high: int | None = None, *, note: str = "", example: str = "[1, 2, 4]",
+                allow_empty: bool = False, distinct: bool = False) -> tuple[int, ...]:
+    """A list of positive ints, each at most ``high``; ``what`` is one item's name ("capture size")."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise ConfigError(f"give the {what}s as a list of positive integers such as {example}, got {sizes!r}")
+    if not sizes and not allow_empty:
+        raise ConfigError(f"give at least one {what}")
+    for s in sizes:
+        check_int(f"every {what}", s, 1, high, note)
+    if distinct and len(set(sizes)) != len(sizes):
+        raise ConfigError(f"{what}s must be distinct, got {list(sizes)}; drop the duplicates")
+    return tuple(sizes)
+
+
+check_positive_int = check_int  # check_int with its defaults: above zero
+
+
 def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
     """Refuse ``"a,,b"``: an empty item is a typo (a name or a number left out), not a separator."""
     if not all(items):
@@ -207,12 +234,8 @@ MAX_SPECULATIVE_TOKENS = 16
 
 
 def check_num_speculative_tokens(value: object) -> int:
-    """``value`` if it is a count of draft tokens per step (0: no speculative decoding), at most
-    ``MAX_SPECULATIVE_TOKENS``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"num_speculative_tokens must be an integer of at least 0 (0: no speculative decoding), "
-                          f"got {value!r}")
-    if value > MAX_SPECULATIVE_TOKENS:
+    """Draft tokens per step (0: none), at most ``MAX_SPECULATIVE_TOKENS``."""
+    if check_int("num_speculative_tokens", value, 0, note=" (0: no speculative decoding)") > MAX_SPECULATIVE_TOKENS:
         raise ConfigError(f"num_speculative_tokens {value} is above {MAX_SPECULATIVE_TOKENS}, the most the toy drafts "
                           f"per step {LIMIT_NOTE}: each step runs K - 1 draft decode forwards; use fewer speculative "
                           "tokens")
@@ -246,18 +269,9 @@ MAX_SEED = 2**32 - 1
 MAX_CONFIG_MEMORY_GIB = 16
 
 
-def check_positive_int(name: str, value: object) -> int:
-    """``value`` if it is an int above zero (``True`` is not a size), else a ConfigError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def check_seed(seed: object) -> int:
     """A seed is an integer from 0 to 2**32 - 1 (what numpy accepts too), so every tool can replay it."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
-    return seed
+    return check_int("seed", seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -291,7 +305,7 @@ class ToyConfig:
         object.__setattr__(self, "layers", parse_layer_pattern(self.layers))
         for name in ("hidden_size", "num_heads", "vocab_size", "block_size", "num_blocks", "max_num_reqs",
                      "max_model_len", "max_num_batched_tokens", "sconv_kernel_size", "compress_ratio"):
-            check_positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.block_size % self.compress_ratio:
@@ -307,14 +321,8 @@ class ToyConfig:
                               "their forward: choose one")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        if not isinstance(self.capture_sizes, (list, tuple)):
-            raise ConfigError(f"capture_sizes must be a list of token counts such as (1, 2, 4, 8), "
-                              f"got {self.capture_sizes!r}")
-        sizes = tuple(self.capture_sizes)
-        for s in sizes:
-            check_positive_int("every capture size", s)
-        if len(set(sizes)) != len(sizes):
-            raise ConfigError(f"capture sizes must be distinct, got {list(sizes)}; drop the duplicates")
+        sizes = check_sizes("capture size", self.capture_sizes, example="(1, 2, 4, 8)", allow_empty=True,
+                            distinct=True)
         if sizes and max(sizes) > self.max_num_batched_tokens:
             raise ConfigError(
                 f"capture size {max(sizes)} exceeds max_num_batched_tokens ({self.max_num_batched_tokens}); "

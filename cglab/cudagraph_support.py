@@ -1,11 +1,5 @@
-"""What capture metadata a metadata builder can build (vLLM: ``AttentionCGSupport`` in
-``vllm/v1/attention/backend.py``).
-
-A FULL graph freezes its metadata at capture, so a builder says which batches it can build
-*capture* metadata (``for_capture=True``) for: its ``cudagraph_support``. ModelRunner lowers the
-CUDA graph mode to what the least capable builder supports (``resolve_cudagraph_mode``). Ordinary
-metadata (``for_capture=False``) every builder builds for any batch.
-"""
+"""Which batches a builder can build capture metadata for (vLLM: ``AttentionCGSupport`` in
+``vllm/v1/attention/backend.py``); the runner lowers the mode to the least capable builder's."""
 
 from __future__ import annotations
 
@@ -34,11 +28,8 @@ class AttentionCGSupport(enum.IntEnum):
 
 def can_build_metadata(support: AttentionCGSupport, *, num_reqs: int, num_tokens: int, max_query_len: int,
                        for_capture: bool) -> bool:
-    """Whether a builder of ``support`` can build metadata for a batch of this shape.
-
-    The one rule for both the builders' refusals and the pictures of them. Host-side sizes only,
-    so a builder can ask it without a device sync. Ordinary metadata: always.
-    """
+    """Whether a builder of ``support`` can build metadata for this batch shape (host sizes only: no sync).
+    The one rule for the builders' refusals and the pictures of them."""
     if not for_capture or support is AttentionCGSupport.ALWAYS:
         return True
     if support is AttentionCGSupport.UNIFORM_BATCH:

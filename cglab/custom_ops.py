@@ -1,10 +1,6 @@
-"""Registering the toy's kernels as torch custom ops (vLLM: ``direct_register_custom_op``).
-
-A custom op is opaque to torch.compile: dynamo records one call and never traces the Python inside.
-That is why a layer's ``if metadata is None`` guard, written inside its op, is decided when the op
-*runs* (at capture, too), not when the model is traced. It is also what lets the compilation backend
-find the ops listed in ``splitting_ops`` in the FX graph and split the graph there.
-"""
+"""The toy's kernels as torch custom ops (vLLM: ``direct_register_custom_op``). Dynamo never traces
+inside one, so a ``metadata is None`` guard in an op is decided when it runs (at capture too), and the
+backend finds the ``splitting_ops`` in the FX graph."""
 
 from __future__ import annotations
 
@@ -21,11 +17,8 @@ _IMPLS: dict[Any, Callable[..., Any]] = {}
 
 
 def direct_register_custom_op(op_name: str, impl: Callable[..., None], mutates_args: Iterable[str]) -> Any:
-    """Register ``impl`` as ``torch.ops.cglab.<op_name>`` and return the op.
-
-    ``impl`` writes its results into arguments listed in ``mutates_args`` and returns None: a
-    mutating op with no outputs needs no fake (shape-only) implementation for tracing.
-    """
+    """Register ``impl`` as ``torch.ops.cglab.<op_name>``. It writes into ``mutates_args`` and returns
+    None, so it needs no fake implementation for tracing."""
     op = torch.library.custom_op(f"{NAMESPACE}::{op_name}", impl, mutates_args=tuple(mutates_args))
     _IMPLS[getattr(torch.ops, NAMESPACE).__getattr__(op_name).default] = impl
     return op

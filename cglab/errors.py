@@ -1,8 +1,5 @@
-"""The errors cglab raises. Every message says what went wrong *and* what to do instead.
-
-Bad input is a ``ConfigError`` (a ``ValueError``); a broken rule of graph capture or replay is a
-``CaptureError``. Catch ``CglabError`` to handle any of them.
-"""
+"""The errors cglab raises; every message says what went wrong and what to do instead. Bad input is a
+``ConfigError`` (a ``ValueError``), a broken capture rule a ``CaptureError``; ``CglabError`` catches all."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ class MissingMetadataError(CaptureError):
 
 
 class MetadataBuildError(CaptureError):
-    """A metadata builder cannot build the metadata asked for, e.g. capture metadata for a batch shape
-    its ``cudagraph_support`` does not cover."""
+    """A builder cannot build the metadata asked for (a batch shape its ``cudagraph_support`` lacks)."""
 
 
 class AddressChangedError(CaptureError):
@@ -35,15 +31,11 @@ class AddressChangedError(CaptureError):
 
 
 class CapacityError(ConfigError, RuntimeError):
-    """A cache or buffer ran out of room; the message names the limit to raise.
-
-    A ``ConfigError`` because the fix is a larger limit or a smaller request.
-    """
+    """A cache or buffer ran out of room; the fix is a larger limit (named) or a smaller request."""
 
 
 class NotSavedError(CglabError, OSError):
-    """A result could not be written where it was asked for. ``kept`` is the pair it was written as
-    instead, or ``None`` when nothing could be written; the message says which, and where."""
+    """A result could not be written where asked; ``kept``: the pair written instead, or None."""
 
     def __init__(self, message: str, kept: tuple[Path, Path] | None) -> None:
         super().__init__(message)

@@ -1,16 +1,9 @@
-"""Attention metadata and its builders, for attention, linear attention and the attention-like stateful layers.
+"""Attention metadata and its builders (vLLM: ``CommonAttentionMetadata``, the metadata builders,
+``prepare_attn`` in ``vllm/v1/worker/gpu/model_states/default.py``).
 
-vLLM: ``CommonAttentionMetadata``, the per-backend metadata builders, and ``prepare_attn`` in
-``vllm/v1/worker/gpu/model_states/default.py``.
-
-Builders derive per-layer index tensors from the common metadata. They write them into buffers
-allocated once and return *views*, because a graph captured inside a PIECEWISE segment keeps reading
-the addresses it saw at capture. ``prepare_attn(..., for_capture=False)`` is what PIECEWISE capture
-uses since the fix, so this is an assumption every builder must honour (the "fragile assumption").
-
-Every builder also says which batches it can build *capture* metadata for (``cudagraph_support``,
-vLLM's ``AttentionCGSupport``); ModelRunner lowers the CUDA graph mode to what the least capable one
-supports.
+Builders write into buffers allocated once and return views: a PIECEWISE graph keeps reading the
+addresses it saw at capture (the fix's "fragile assumption"). ``cudagraph_support`` says which
+batches a builder can build capture metadata for.
 """
 
 from __future__ import annotations
@@ -50,11 +43,8 @@ class CommonAttentionMetadata:
 
 def token_requests_and_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                                  num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every token row: its request index and its position in that request's sequence.
-
-    Tensor ops only (no host sync), so it may run inside a graph. Padding rows map to the last
-    request and get positions that are negative or past its length; callers mask them.
-    """
+    """Each token row's request index and position in its sequence; tensor ops only (no host sync).
+    Padding rows map to the last request, at positions callers mask."""
     token = torch.arange(num_tokens, device=query_start_loc.device)
     num_reqs = seq_lens.shape[0]
     request = torch.searchsorted(query_start_loc[1:], token, right=True).clamp(max=num_reqs - 1)
@@ -81,7 +71,6 @@ class _PersistentBuilder:
     """A builder whose outputs are views of buffers it allocated once."""
 
     def _out(self, name: str, num_tokens: int) -> torch.Tensor:
-        """The storage a build writes into: a view of the persistent buffer, the same every step."""
         return getattr(self, name)[:num_tokens]
 
 
@@ -121,13 +110,9 @@ class AttentionMetadataBuilder:
 # ---------------------------------------------------------------- lazily planned attention
 @dataclass
 class SchedulerPlan:
-    """A kernel's work plan, computed on the kernel's first call and reused by every later call.
-
-    The analogue of FlashMLA's scheduler metadata (``tile_scheduler_metadata``): built empty; the
-    first kernel call that finds it empty allocates it and plans from the lengths it sees. Whether to
-    plan is a Python decision, so inside a graph it is taken once, at capture. The kernel reads only
-    the planned blocks: a plan for the current lengths changes nothing, a stale one hides keys.
-    """
+    """A kernel's work plan, made by its first call and reused after (FlashMLA's
+    ``tile_scheduler_metadata``). Whether to plan is Python, so a graph decides it once, at capture;
+    a stale plan hides keys."""
 
     key_blocks: torch.Tensor | None = None  # [num_reqs]: key blocks each request reads
 
@@ -136,22 +121,16 @@ class SchedulerPlan:
         return self.key_blocks is not None
 
     def blocks_to_read(self, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-        """The key blocks per request: planned from ``seq_lens`` on the first call (tensor ops only,
-        no host sync), the same tensor afterwards."""
+        """Key blocks per request, planned from ``seq_lens`` on the first call, the same tensor after."""
         if self.key_blocks is None:
             self.key_blocks = torch.div(seq_lens + (block_size - 1), block_size, rounding_mode="floor")
         return self.key_blocks
 
 
 class LazyPlanAttentionMetadataBuilder(AttentionMetadataBuilder):
-    """Attention metadata with an empty ``SchedulerPlan`` that the kernel fills on first use. One build
-    serves every attention layer of the step, so the first layer plans and the others reuse its plan.
-
-    A FULL graph records the planning ops only if its capture finds the plan empty, and then
-    re-plans from the live ``seq_lens`` at every replay. If the capture reused the warmup's metadata,
-    the plan would be the warmup's, of the dummy batch, for good: why the warmup and the capture each
-    get fresh metadata (vLLM #42444).
-    """
+    """Metadata with an empty ``SchedulerPlan`` the kernel fills on first use. A FULL graph records
+    the planning only if its capture finds the plan empty: why warmup and capture each get fresh
+    metadata (vLLM #42444)."""
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> AttentionMetadata:
         return replace(super().build(common, for_capture), plan=SchedulerPlan())
@@ -252,12 +231,8 @@ class LinearAttentionMetadata:
 
 
 class LinearAttentionMetadataBuilder(_PersistentBuilder):
-    """Where each request's recurrent state lives: one state per request, at its first block.
-
-    Capture metadata only for decode-only batches (``UNIFORM_SINGLE_TOKEN_DECODE``, like vLLM's
-    Mamba builders): the kernel walks a request's tokens one query offset at a time, ``max_query_len``
-    times, and a FULL graph would freeze that count. Ordinary metadata: any batch.
-    """
+    """One recurrent state per request, at its first block. Capture metadata for decode-only batches
+    (like vLLM's Mamba builders): the kernel loops ``max_query_len`` times, which a FULL graph freezes."""
 
     cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
@@ -291,11 +266,8 @@ def _real_tokens(common: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.T
 
 
 class AllocatingShortConvMetadataBuilder(ShortConvMetadataBuilder):
-    """A builder that breaks the fragile assumption: every ``build()`` returns a *fresh* tensor.
-
-    Eager code cannot tell the difference. A PIECEWISE graph can: it keeps reading the tensor that
-    existed at capture, so every replay sees the capture batch's slots (all padding), not the live ones.
-    """
+    """Breaks the fragile assumption: every ``build()`` returns a fresh tensor, so a PIECEWISE graph
+    keeps reading the capture batch's slots (all padding)."""
 
     def _out(self, name: str, num_tokens: int) -> torch.Tensor:
         return torch.empty_like(getattr(self, name)[:num_tokens])
@@ -313,12 +285,8 @@ class AttentionGroup:
 
 def build_attn_groups(config: ToyConfig, device: torch.device, builders: dict[str, MetadataBuilder] | None = None,
                       layers: Sequence[tuple[str, str]] | None = None) -> list[AttentionGroup]:
-    """One group per layer kind; ``builders`` overrides a kind's builder (for experiments).
-
-    ``layers``: ``(layer name, kind)`` pairs to group, by default the model's own. A speculative
-    drafter's layers join the target's groups: they share its block tables, so one build serves both
-    (vLLM keeps draft layers in the target's KV cache groups).
-    """
+    """One group per layer kind; ``builders`` overrides a kind's builder. ``layers``: ``(name, kind)``
+    pairs, by default the model's; a drafter's layers join the target's groups (shared block tables)."""
     factories = {
         "attn": lambda: AttentionMetadataBuilder(config),
         "sconv": lambda: ShortConvMetadataBuilder(config, device),
@@ -364,11 +332,8 @@ def min_cudagraph_support(attn_groups: Sequence[AttentionGroup]) -> tuple[Attent
 
 def prepare_attn(input_batch: InputBatch, block_table: torch.Tensor, slot_mapping: torch.Tensor,
                  attn_groups: Sequence[AttentionGroup], for_capture: bool = False) -> dict[str, Any]:
-    """Build every layer's metadata for one step: ``{layer_name: metadata}``.
-
-    ``for_capture=True`` builds capture-safe metadata for FULL graphs (sizes that fit any replay);
-    ``for_capture=False`` builds ordinary metadata for the real batch.
-    """
+    """Every layer's metadata for one step, ``{layer_name: metadata}``; ``for_capture``: capture-safe
+    metadata for FULL graphs (sizes that fit any replay)."""
     common = CommonAttentionMetadata(
         query_start_loc=input_batch.query_start_loc, seq_lens=input_batch.seq_lens,
         block_table_tensor=block_table, slot_mapping=slot_mapping, num_reqs=input_batch.num_reqs,

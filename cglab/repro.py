@@ -16,9 +16,10 @@ from cglab.config import (
     CUDAGraphMode,
     ToyConfig,
     adjust_capture_sizes_for_spec_decode,
+    check_int,
     check_num_speculative_tokens,
-    check_positive_int,
     check_seed,
+    check_sizes,
     dummy_longest_request,
     parse_layer_pattern,
     parse_piecewise_flavor,
@@ -88,15 +89,13 @@ class ReproResult:
 
     @property
     def diverged(self) -> bool:
-        """Replay and eager disagree: in the logits of some step, in some cache at the end or (speculative
-        decoding) in the generated tokens."""
+        """Replay and eager disagree in some step's logits, a final cache or the generated tokens."""
         return (bool(self.state_diverged) or self.outputs_identical is False
                 or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance))
 
     @property
     def max_abs_diff_text(self) -> str:
-        """``max_abs_diff`` for print, the same on every machine: rounding (0 on one CPU, 1e-7 on another)
-        reads as the tolerance it is under; a divergence to three significant digits."""
+        """``max_abs_diff`` for print, the same on every machine: rounding reads as the tolerance."""
         if self.max_abs_diff is None:
             return "n/a (no step compared)"
         if self.max_abs_diff <= self.tolerance:
@@ -105,8 +104,7 @@ class ReproResult:
 
     @property
     def lost_acceptance(self) -> bool:
-        """The graph runner's drafter accepted fewer drafts than the same drafter run eagerly: exact
-        outputs, lost speed."""
+        """The drafter accepted fewer drafts than when run eagerly: exact outputs, lost speed."""
         return (self.acceptance_rate is not None and self.reference_acceptance_rate is not None
                 and self.acceptance_rate < self.reference_acceptance_rate)
 
@@ -120,8 +118,7 @@ DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8)
 
 
 def default_capture_sizes_for(num_speculative_tokens: int) -> tuple[int, ...]:
-    """Repro's default capture sizes: 1, 2, 4, 8, or with K speculative tokens ``K + 1`` times those
-    (a verification step holds ``K + 1`` tokens per request)."""
+    """1, 2, 4, 8, times ``K + 1`` with K speculative tokens (a verification step's tokens per request)."""
     multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
     return tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
 
@@ -129,32 +126,27 @@ def default_capture_sizes_for(num_speculative_tokens: int) -> tuple[int, ...]:
 def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
                  steps: int, seed: int = 0, strict_layers: bool = False, num_speculative_tokens: int = 0,
                  max_num_reqs: int | None = None, **overrides: Any) -> ToyConfig:
-    """A config sized for the scenario: the request pool holds the largest batch asked for, and the
-    caches hold every prompt plus every decode step.
+    """A config sized for the scenario: the pool holds the largest batch, the caches every prompt and step.
 
-    ``max_num_reqs``: the engine's request limit (``ToyConfig.max_num_reqs``), at least the largest
-    batch size; None: the largest batch size. It decides the shape of the capture batches: a capture
-    size above it puts several tokens in one request (a prefill-shaped dummy batch).
-
-    With ``num_speculative_tokens`` K a step may add ``K + 1`` tokens to a request, and the capture
-    sizes are rounded to multiples of ``K + 1``, as vLLM does (``None``: ``default_capture_sizes_for``).
-    """
+    ``max_num_reqs`` (None: the largest batch size) shapes the capture batches: a capture size above it
+    makes a prefill-shaped dummy batch. With K speculative tokens the capture sizes are rounded to
+    multiples of ``K + 1``, as vLLM does."""
     k = check_num_speculative_tokens(num_speculative_tokens)
     if capture_sizes is None:
         capture_sizes = default_capture_sizes_for(k)
-    _check_sizes("batch size", batch_sizes)
-    _check_sizes("capture size", capture_sizes)
+    check_sizes("batch size", batch_sizes)
+    check_sizes("capture size", capture_sizes, MAX_CAPTURE_SIZE,
+                note=" (batches above every capture size run eagerly anyway: drop it)")
     capture_sizes = adjust_capture_sizes_for_spec_decode(tuple(capture_sizes), k)
     check_seed(seed)
     _check_overrides(overrides)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        raise ConfigError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
+    check_int("steps", steps, 1, MAX_STEPS)
     pool = max(batch_sizes)
     if pool > MAX_POOL:
         raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; "
                           "use smaller batch sizes")
     max_num_reqs = _check_max_num_reqs(max_num_reqs, pool)
-    block_size = check_positive_int("block_size", overrides.pop("block_size", 4))
+    block_size = check_int("block_size", overrides.pop("block_size", 4))
     # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
     max_model_len = _round_up(_MAX_PROMPT + steps * (k + 1) + k, block_size)
     if pool * max_model_len > MAX_SLOTS:
@@ -178,19 +170,6 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _check_sizes(what: str, sizes: Sequence[int]) -> None:
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise ConfigError(f"give the {what}s as a list of positive integers such as [1, 2, 4], got {sizes!r}")
-    if not sizes:
-        raise ConfigError(f"give at least one {what}")
-    for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
-            raise ConfigError(f"every {what} must be a positive integer, got {s!r}")
-    if what == "capture size" and max(sizes) > MAX_CAPTURE_SIZE:
-        raise ConfigError(f"capture size {max(sizes)} is above {MAX_CAPTURE_SIZE}, the largest the toy captures; "
-                          "drop it (batches above every capture size run eagerly anyway)")
-
-
 def _check_max_num_reqs(max_num_reqs: object, pool: int) -> int:
     if max_num_reqs is None:
         return pool
@@ -202,8 +181,7 @@ def _check_max_num_reqs(max_num_reqs: object, pool: int) -> int:
 
 
 def _check_capture_fits(capture_sizes: Sequence[int], max_num_reqs: int, max_model_len: int, given: bool) -> None:
-    """Refuse, in this scenario's terms, a capture size whose capture batch overflows a request
-    (ToyConfig refuses it too, but names knobs that repro derives)."""
+    """Refuse a capture batch that overflows a request, naming repro's knobs (ToyConfig names its own)."""
     bad = [s for s in capture_sizes if dummy_longest_request(s, max_num_reqs) > max_model_len]
     if bad:
         s = min(bad)
@@ -226,8 +204,7 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
 
 def make_workload(config: ToyConfig, num_steps_tokens: int, num_requests: int | None = None
                   ) -> tuple[list[list[int]], list[list[int]]]:
-    """Prompts of different lengths and each request's decode tokens, from the config's seed, for
-    ``num_requests`` requests (None: ``config.max_num_reqs``)."""
+    """Prompts of different lengths and each request's decode tokens, seeded (None: ``max_num_reqs``)."""
     gen = torch.Generator().manual_seed(config.seed + 1)
     pool = config.max_num_reqs if num_requests is None else num_requests
     lengths = torch.randint(_MIN_PROMPT, _MAX_PROMPT + 1, (pool,), generator=gen).tolist()
@@ -238,14 +215,8 @@ def make_workload(config: ToyConfig, num_steps_tokens: int, num_requests: int | 
 
 def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], batch_sizes: Sequence[int],
              steps: int, prefill_chunk: int) -> Iterator[tuple[dict[str, list[int]], bool]]:
-    """The steps of a repro run, as ``(scheduled, eager)``.
-
-    ``prefill_chunk=0``: every prompt is prefilled eagerly, one request a step, then ``steps`` decode
-    steps; step ``i`` decodes the first ``batch_sizes[i % len(batch_sizes)]`` requests.
-    ``prefill_chunk=N``: ``steps`` steps in all, each with one decode token for every request among
-    the first ``k`` whose prompt is done, plus up to N prompt tokens of the waiting requests, in order
-    (chunked prefill): the first steps are mixed prefill+decode batches.
-    """
+    """The steps of a run, as ``(scheduled, eager)``: eager prefills then decodes of the first
+    ``batch_sizes[i % len]`` requests, or (``prefill_chunk=N``) up to N prompt tokens a step beside them."""
     if prefill_chunk == 0:
         for i, prompt in enumerate(prompts):
             yield {f"req{i}": list(prompt)}, True
@@ -270,8 +241,7 @@ def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], 
 
 def repro_compilation_config(mode: str | CUDAGraphMode, legacy_skip_attn: bool, piecewise_flavor: str,
                              splitting_ops: Sequence[str] | None, uniform_decode_by_shape: bool) -> CompilationConfig:
-    """The ``CompilationConfig`` of a repro's graph runner, from the switches ``run_repro`` and
-    ``run_spec_repro`` take (and the command line names)."""
+    """The graph runner's ``CompilationConfig`` from the switches ``run_repro`` and ``run_spec_repro`` take."""
     flavor = parse_piecewise_flavor(piecewise_flavor)
     return CompilationConfig(CUDAGraphMode.parse(mode), use_breakable_cg=flavor == "breakable",
                              splitting_ops=splitting_ops, legacy_skip_attn=legacy_skip_attn,
@@ -292,19 +262,10 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
               capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
               prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
               max_num_reqs: int | None = None, **config_overrides: Any) -> ReproResult:
-    """Run the steps of ``schedule`` (eager prefill then decode, or chunked prefill mixed with
-    decode) on a graph runner and on an eager reference. Compare every step's logits and, at the end,
-    every cache.
-
-    ``capture_sizes=None`` captures 1, 2, 4 and 8 tokens. ``max_num_reqs``: the engine's request limit,
-    at least the largest batch size (None: that size; see ``repro_config``).
-    ``result.cudagraph_mode`` is the policy the runner really used, after lowering ``mode`` for
-    builders that support less (``result.cudagraph_mode_note`` says why).
-    ``piecewise_flavor``, ``splitting_ops`` and ``uniform_decode_by_shape`` are ``ModelRunner``'s;
-    ``config_overrides`` go to ``ToyConfig`` (``strict_attention=True``, ``hidden_size=64``...).
-    A switch that changes nothing in ``mode`` (any graph switch under ``"none"``, the legacy one under a
-    policy without PIECEWISE graphs) is accepted, so that tables and explorers can set every case alike;
-    the CLI refuses the first and notes the second."""
+    """Run ``schedule``'s steps on a graph runner and an eager reference; compare every step's logits
+    and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``; ``result.cudagraph_mode``
+    is the policy after lowering for the builders. Switches that change nothing in ``mode`` are
+    accepted, so tables can set every case alike (the CLI refuses them)."""
     cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
                           max_num_reqs=max_num_reqs, **config_overrides)
@@ -346,9 +307,8 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
 
 def failed_capture(result: ReproResult, error: CaptureError, eager: ModelRunner, splitting_ops: Sequence[str],
                    decode_query_len: int = 1) -> ReproResult:
-    """``result`` of a run whose capture raised: the error, the graph backend it captured with, and the
-    policy it captured, lowered from the builders of ``eager`` (a runner of the same config) as the
-    failed runner lowered it."""
+    """``result`` of a run whose capture raised: the error, the graph backend and the policy, lowered
+    from the builders of ``eager`` (a runner of the same config) as the failed runner lowered it."""
     result.error = f"{type(error).__name__}: {error}"
     mode = CUDAGraphMode.parse(result.mode)
     if mode is not CUDAGraphMode.NONE:
@@ -360,8 +320,7 @@ def failed_capture(result: ReproResult, error: CaptureError, eager: ModelRunner,
 
 
 def compare_final_state(result: ReproResult, runner: HasState, reference: HasState) -> None:
-    """Fill in ``result``'s verdict after the last step: its largest logit difference and which caches
-    and states differ from the eager reference's."""
+    """Fill in ``result``'s verdict: the largest logit difference and which caches differ from eager."""
     result.max_abs_diff = max(result.step_diffs) if result.step_diffs else None
     result.state_diffs = state_differences(runner, reference)
     result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
@@ -369,14 +328,9 @@ def compare_final_state(result: ReproResult, runner: HasState, reference: HasSta
 
 def divergence_verdict(result: ReproResult, cache_groups: dict[str, list[str]] | None = None, *,
                        caches_only: bool = False, name_caches: bool = False) -> str:
-    """Which parts of a run DIVERGED from eager and which match, e.g. ``"caches DIVERGED from eager;
-    logits match"``, or ``"matches eager"``. A bare "diverged" would not do: a broken drafter leaves
-    the logits exact, and only its own caches differ.
-
-    ``cache_groups`` names the caches by owner, e.g. ``{"target caches": [...], "drafter caches": [...]}``
-    (default: one group, ``"caches"``). ``caches_only``: the caches alone, for a report that gives the
-    logits and tokens elsewhere (``"target and drafter caches match eager"``). ``name_caches``: each
-    diverged group lists its caches in parentheses."""
+    """Which parts DIVERGED from eager and which match (``"caches DIVERGED from eager; logits match"``):
+    a broken drafter leaves the logits exact. ``cache_groups``: caches by owner (default ``"caches"``);
+    ``caches_only``: leave out logits and tokens; ``name_caches``: list each group's diverged caches."""
     groups = cache_groups if cache_groups is not None else {"caches": list(result.state_diffs)}
     parts: dict[str, list[str] | None] = {}  # part -> its diverged caches, None where it matches
     if not caches_only:
@@ -402,7 +356,5 @@ def _and(items: Sequence[str]) -> str:
 
 
 def _check_prefill_chunk(prefill_chunk: object, config: ToyConfig, batch_sizes: Sequence[int]) -> None:
-    limit = config.max_num_batched_tokens - max(batch_sizes)
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 0 <= prefill_chunk <= limit:
-        raise ConfigError(f"prefill_chunk must be an integer from 0 (prefill eagerly first) to {limit} (what a step "
-                          f"holds beside its decode tokens), got {prefill_chunk!r}")
+    check_int("prefill_chunk (0: prefill eagerly first)", prefill_chunk, 0,
+              config.max_num_batched_tokens - max(batch_sizes), " (what a step holds beside its decode tokens)")

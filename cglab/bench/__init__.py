@@ -1,29 +1,11 @@
-"""The replay-latency benchmark: one decode step per row kind and batch size, and the start-up cost.
+"""The replay-latency benchmark: one decode step (``ModelRunner.execute`` on a batch already in the
+buffers) per row kind (``cglab.bench.modes``) and batch size, and the start-up cost (``startup``).
 
-What is timed is ``ModelRunner.execute`` on a batch already written into the persistent buffers:
-the graph replay (FULL, PIECEWISE) or the forward (NONE, and the peer, whose graphs are torch's).
-The row kinds (``cglab.bench.modes``) climb a ladder: eager, PIECEWISE and FULL of the plain model,
-then compiled PIECEWISE and compiled FULL (torch.compile split at attention, inductor on a GPU),
-and beside them the peer a user would pick instead, ``torch.compile(mode="reduce-overhead")``.
-
-* On a GPU each step is timed with CUDA events (device time, from the first launch to the last
-  kernel) and with the host clock (what a caller waits for, the final synchronisation included).
-  On the CPU simulator only the host clock exists, and the numbers say nothing about GPU speed.
-* The *kernel floor* is the summed duration of one step's kernels (torch.profiler): what the step
-  would cost if launching were free. On the CPU it is the summed self time of the aten ops, measured
-  under the profiler, whose tracing slows every op: there it is no floor and may exceed the median.
-* The *kernel span* runs from the step's first kernel start to its last kernel end: the floor plus
-  the device's idle gaps between kernels. It is measured under the profiler, whose tracing slows
-  launches a little, so it can exceed the timed median. ``enqueue_median_us`` is the host time
-  until ``execute`` returns: close to the step's latency when the CPU's launching is what the step
-  waits for, and an upper bound on a graph's launch latency.
-* *Launches* are host submissions of GPU work per step: one per eager kernel, one per graph
-  segment. On a GPU they are counted from the profiler (distinct CUDA correlation ids, since all
-  kernels of one graph launch share the launch's id); ``counted_launches`` counts the same thing
-  structurally, on every backend: graph segments replayed plus work-doing aten ops run outside them.
-* The *roofline* (``cglab.bench.roofline``) is the physical limit: the weights read once per step at
-  the measured memory bandwidth.
-* *Start-up* (``cglab.bench.startup``): compile time, warmup and capture time, capture memory.
+Columns: the median with CUDA events on a GPU, the host clock everywhere (on the CPU simulator it
+says nothing about GPU speed); the *kernel floor*, the summed kernel time of a step under the
+profiler (what it would cost if launching were free; on a CPU no floor); the *kernel span*, first
+kernel start to last kernel end; *launches*, host submissions per step (one per eager kernel or
+graph segment; ``counted_launches`` counts them structurally on every backend).
 """
 
 from __future__ import annotations

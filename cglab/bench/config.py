@@ -1,9 +1,5 @@
-"""What a benchmark run measures (``BenchConfig``), and the limits it refuses to go beyond.
-
-The limits are cglab's own choices, not the hardware's: far above any run that ends in minutes, low
-enough that a typo (``--repeats 1000000000``, ``--hidden-size 1000000``) fails at once in one line
-instead of hanging the machine or exhausting its memory mid-run.
-"""
+"""What a benchmark run measures (``BenchConfig``), and its limits: cglab's own, far above any run
+that ends in minutes, low enough that a typo fails at once instead of exhausting the machine."""
 
 from __future__ import annotations
 
@@ -11,7 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cglab.bench.modes import BENCH_MODES, MODE_NAMES, available_modes
-from cglab.config import LIMIT_NOTE, MAX_LAYERS, ToyConfig, check_no_empty_item, parse_layer_pattern
+from cglab.config import (
+    LIMIT_NOTE,
+    MAX_LAYERS,
+    ToyConfig,
+    check_int,
+    check_no_empty_item,
+    check_sizes,
+    parse_layer_pattern,
+)
 from cglab.errors import ConfigError
 
 __all__ = ["LIMIT_NOTE", "MAX_BATCH", "MAX_LAYERS", "MAX_MEMORY_GIB", "BenchConfig", "check_bounds",
@@ -27,15 +31,11 @@ _BOUNDS = {"num_heads": (1, 256), "hidden_size": (1, 8192), "repeats": (5, 100_0
 def check_bounds(owner: object, bounds: dict[str, tuple[int, int]]) -> None:
     """Every named field of ``owner`` an integer within its bounds, else one ConfigError naming it."""
     for name, (low, high) in bounds.items():
-        value = getattr(owner, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"{name} must be an integer from {low} to {high} {LIMIT_NOTE}, got {value!r}")
+        check_int(name, getattr(owner, name), low, high, f" {LIMIT_NOTE}")
 
 
 def memory_estimate(toy: ToyConfig, n_runners: int) -> int:
-    """Rough bytes a run holds: per runner, weights (about 10 hidden^2 per layer), the paged caches
-    (keys and values of every cache slot) and the toy's FULL attention, which gathers max_model_len keys
-    per request."""
+    """Rough bytes a run holds: per runner, weights, paged caches and FULL attention's key gather."""
     itemsize = 4 if toy.dtype == "float32" else 2
     h = toy.hidden_size
     per_layer = 10 * h * h + 2 * toy.num_blocks * toy.block_size * h + 2 * toy.max_num_reqs * toy.max_model_len * h
@@ -80,15 +80,11 @@ def choose_names(name: str, values: object, valid: tuple[str, ...]) -> tuple[str
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to measure. The defaults are the GPU-sized model: 8 layers, hidden 1024, bf16, batch 1-256.
+    """What to measure; the defaults are the GPU-sized model (8 layers, hidden 1024, bf16, batch 1-256).
 
-    ``modes=None`` measures every row kind the device can (``cglab.bench.modes``).
-    ``max_model_len`` is small on purpose: the toy's FULL graph attention reads ``max_model_len`` keys
-    (capture-safe metadata, fixed at capture), PIECEWISE and eager attention read the live
-    ``prompt_len + 1``; a long key range would make the toy's gather, not launching, the story. The
-    full key range is a toy artefact: vLLM's kernels stop at the live ``seq_lens``, read on the device.
-    Capture sizes equal the batch sizes, so no padding is ever timed.
-    """
+    ``modes=None``: every row kind the device can measure. ``max_model_len`` is small on purpose: the
+    toy's FULL attention reads that many keys (a toy artefact), which would make the gather the story.
+    Capture sizes equal the batch sizes, so no padding is timed."""
 
     layers: str = "sconv,attn,compressor,attn,sconv,attn,compressor,attn"
     hidden_size: int = 1024
@@ -108,9 +104,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "layers", ",".join(parse_layer_pattern(self.layers)))
-        sizes = tuple(self.batch_sizes)
-        if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= MAX_BATCH for s in sizes):
-            raise ConfigError(f"batch sizes must be integers from 1 to {MAX_BATCH} {LIMIT_NOTE}, got {list(sizes)}")
+        sizes = check_sizes("batch size", self.batch_sizes, MAX_BATCH, note=f" {LIMIT_NOTE}")
         set_(self, "batch_sizes", tuple(sorted(set(sizes))))
         device_type = str(self.device).split(":")[0]
         set_(self, "modes", parse_modes(self.modes, device_type))
@@ -129,10 +123,9 @@ class BenchConfig:
 
     @classmethod
     def live_preset(cls, device: str) -> BenchConfig:
-        """Notebook 05's live run, under half a minute. On a GPU: the GPU-sized model at batch 1, 16 and
-        128, the three rungs of the plain model (13 s on an H200; the compiled rows would add a cold
-        inductor compile each, about 20 s, and ``python -m cglab bench`` measures the whole ladder).
-        On a CPU: the quick preset at batch 1 and 8."""
+        """Notebook 05's live run, under half a minute: on a GPU the plain model's three rungs at batch
+        1, 16 and 128 (13 s on an H200; compiled rows would add a cold compile each), on a CPU the
+        quick preset at batch 1 and 8."""
         if str(device).split(":")[0] == "cuda":
             return cls(device=device, batch_sizes=(1, 16, 128), modes=("none", "piecewise", "full"),
                        repeats=50, warmup=5, profile_steps=1)

@@ -1,10 +1,5 @@
-"""CUDA graph capture for cglab: one driver, two backends.
-
-``get_backend("sim")`` is a faithful CPU simulator (semantics, not speed); ``get_backend("cuda")``
-uses real ``torch.cuda.CUDAGraph``. Both capture FULL graphs (one segment) or, with
-``breakable=True``, PIECEWISE graphs split at ``eager_break_during_capture`` functions.
-Importing this package never touches ``torch.cuda``, so it works on CPU-only builds.
-"""
+"""CUDA graph capture: one driver, two backends, ``"sim"`` (a CPU simulator: semantics, not speed) and
+``"cuda"`` (``torch.cuda.CUDAGraph``). Importing it never touches ``torch.cuda``."""
 
 from __future__ import annotations
 
@@ -39,12 +34,7 @@ _NAMES = ("auto", "sim", "cuda")
 
 
 def get_backend(name: str = "auto", device: str | torch.device | None = None) -> GraphBackend:
-    """Make a graph backend.
-
-    ``"auto"`` picks ``"cuda"`` when a GPU is visible (and ``device`` is not a non-CUDA device),
-    else ``"sim"``. ``"sim"`` works on any device (CPU by default). ``"cuda"`` without a GPU
-    raises ConfigError pointing at ``"sim"``, rather than failing later inside torch.
-    """
+    """A graph backend; ``"auto"``: ``"cuda"`` when a GPU is visible and ``device`` allows, else ``"sim"``."""
     if name == "auto":
         wants_cuda = device is None or torch.device(device).type == "cuda"
         name = "cuda" if wants_cuda and torch.cuda.is_available() else "sim"

@@ -1,12 +1,6 @@
-"""A picture of the fix's second reason: which metadata builders can build the metadata of a PIECEWISE
-capture batch, before vLLM PR #49364 (breakable PIECEWISE: ``for_capture=True``) and after it
-(``for_capture=False``).
-
-A PIECEWISE dummy batch splits ``T`` tokens over ``min(T, max_num_reqs)`` requests, so every capture
-size above ``max_num_reqs`` makes a prefill-shaped batch, and a builder that builds capture metadata
-for decode only (vLLM's linear attention, Mamba: ``UNIFORM_SINGLE_TOKEN_DECODE``) refuses it.
-The rule is ``can_build_metadata``, the one the builders themselves apply.
-"""
+"""The fix's second reason as a picture: which builders can build a PIECEWISE capture batch's metadata
+before vLLM PR #49364 (breakable PIECEWISE: ``for_capture=True``) and after it (``for_capture=False``),
+by ``can_build_metadata``, the rule the builders apply."""
 
 from __future__ import annotations
 
@@ -18,9 +12,8 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from cglab.config import check_positive_int, dummy_query_lens
+from cglab.config import check_int, check_sizes, dummy_query_lens
 from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
-from cglab.errors import ConfigError
 from cglab.lab.draw import DPI
 
 __all__ = ["CaptureBatchSupport", "capture_support", "draw_capture_support"]
@@ -56,11 +49,8 @@ class CaptureBatchSupport:
 
 def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[CaptureBatchSupport]:
     """The rows of ``draw_capture_support``, smallest capture size first."""
-    check_positive_int("max_num_reqs", max_num_reqs)
-    if isinstance(capture_sizes, (str, bytes)) or not isinstance(capture_sizes, Sequence) or not capture_sizes:
-        raise ConfigError(f"capture_sizes must be a list of at least one token count, e.g. (1, 2, 4, 8), "
-                          f"got {capture_sizes!r}")
-    sizes = sorted({check_positive_int("every capture size", s) for s in capture_sizes})
+    check_int("max_num_reqs", max_num_reqs)
+    sizes = sorted(set(check_sizes("capture size", capture_sizes, example="(1, 2, 4, 8)")))
     rows = []
     for size in sizes:
         query_lens = tuple(dummy_query_lens(min(size, max_num_reqs), size))
