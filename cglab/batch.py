@@ -16,13 +16,9 @@ from cglab.config import CUDAGraphMode, dummy_query_lens
 
 @dataclass(frozen=True)
 class BatchExecutionDescriptor:
-    """What a graph was captured for; also the key it is stored under.
-
-    ``num_reqs is None`` means "any number of requests": PIECEWISE graphs pad only tokens, because
-    the attention that runs eagerly between their segments must see the real batch (vLLM PR #49302).
-    ``uniform_token_count`` set means a uniform-decode graph: it serves only batches in which every
-    request has exactly that many new tokens (1 for decode); None serves any mix.
-    """
+    """What a graph was captured for, and its key. ``num_reqs=None``: any number of requests (PIECEWISE
+    pads tokens only: eager attention must see the real batch, vLLM PR #49302). ``uniform_token_count``:
+    only batches with exactly that many new tokens per request; None: any mix."""
 
     cg_mode: CUDAGraphMode
     num_tokens: int
@@ -73,8 +69,8 @@ class InputBatch:
 
     @classmethod
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
-        """A capture batch: query lengths split evenly (the rest one token each on the last requests), ``seq_lens`` equal
-        to the query lengths, token ids and positions zero."""
+        """A capture batch: query lengths split evenly (the rest on the last requests), ``seq_lens`` equal
+        to them, token ids and positions zero."""
         query_lens = dummy_query_lens(num_reqs, num_tokens)
         query_start_loc = [0]
         for q in query_lens:
@@ -103,17 +99,9 @@ def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool)
 class CudagraphDispatcher:
     """Maps a batch to the graph that serves it (vLLM model runner v2: ``cudagraph_utils.py``).
 
-    The policy decides the graphs. ``FULL``: one FULL graph per size for any batch, with
-    ``num_reqs = min(size, max_num_reqs)``. ``FULL_AND_PIECEWISE`` (vLLM's default): uniform-decode FULL
-    graphs (one token per request, so sizes up to ``max_num_reqs``) plus a PIECEWISE graph per size
-    for everything else. ``FULL_DECODE_ONLY``: only the uniform-decode FULL graphs. ``PIECEWISE``: a
-    PIECEWISE graph per size.
-
-    Dispatch walks a candidate list built once per token count: in each mode the graph of the
-    smallest size that holds the tokens, FULL before PIECEWISE. The first compatible candidate wins;
-    none: the batch runs eagerly. So a uniform decode batch that no FULL graph fits falls back to
-    PIECEWISE, and a mixed batch never takes a uniform-decode graph.
-    """
+    The policy decides the graphs (FULL_AND_PIECEWISE: uniform-decode FULL graphs plus PIECEWISE ones).
+    Candidates are precomputed per token count: per mode the smallest size that holds the tokens, FULL
+    first; the first compatible one wins, none runs eagerly."""
 
     def __init__(self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int,
                  decode_query_len: int = 1) -> None:

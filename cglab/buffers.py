@@ -1,9 +1,5 @@
-"""Persistent input buffers and block tables (vLLM: ``vllm/v1/worker/gpu/{input_batch,block_table}.py``).
-
-A CUDA graph remembers the *addresses* of the tensors it read at capture. So everything a step
-feeds the model lives in buffers allocated once, at their maximum size, and every step writes its
-values into them in place (``copy_``), never into new tensors.
-"""
+"""Persistent input buffers and block tables (vLLM: ``vllm/v1/worker/gpu/{input_batch,block_table}.py``):
+allocated once at their maximum size and written in place, since a graph keeps the addresses it read."""
 
 from __future__ import annotations
 
@@ -39,11 +35,8 @@ class InputBuffers:
 
     def write(self, input_ids: Sequence[int] | None, positions: Sequence[int], query_start_loc: Sequence[int],
               seq_lens: Sequence[int], num_tokens_padded: int, num_reqs_padded: int) -> None:
-        """Write one step in place. Padded tokens get id 0 at position 0; padded requests are empty.
-
-        ``input_ids=None`` keeps the ids already in the buffer: a draft decode step writes the next
-        step's ids on the device, so the host never has to read them back.
-        """
+        """Write one step in place (padding: id 0 at position 0, empty requests). ``input_ids=None`` keeps
+        the buffer's ids: a draft step writes them on the device, so the host never reads them back."""
         if input_ids is not None:
             write_padded(self.input_ids, input_ids, 0, num_tokens_padded)
         write_padded(self.positions, positions, 0, num_tokens_padded)

@@ -1,11 +1,5 @@
-"""The forward context: per-step state that layers read instead of taking it as arguments.
-
-vLLM: ``vllm/forward_context.py``. Layers call ``get_forward_context().attn_metadata`` to find
-their metadata. That keeps model signatures clean, and it is exactly what makes the missing-metadata
-bug possible: a layer cannot tell "profiling run" from "capture with no metadata built". When a layer
-asks (inside its custom op, or in plain Python in ``forward``) decides which freeze it meets: at
-capture, or when torch.compile traces (``forward_context_has_metadata``).
-"""
+"""The forward context: per-step state layers read instead of arguments (vLLM: ``vllm/forward_context.py``).
+What makes the bug possible: a layer cannot tell a profiling run from a capture without metadata."""
 
 from __future__ import annotations
 
@@ -61,24 +55,14 @@ def set_forward_context(attn_metadata: dict[str, Any] | None, cg_mode: CUDAGraph
 
 @torch.compiler.assume_constant_result
 def forward_context_has_metadata() -> bool:
-    """Whether this step has attention metadata: the check a layer writes in plain Python in its
-    ``forward`` (``ToyConfig(python_guards=True)``, as Inkling and DeepSeek V4 do).
-
-    Eagerly and under breakable capture it is asked at every call. Under torch.compile dynamo asks it
-    once, while it traces, and keeps the answer as a constant in the compiled graph: with guards
-    dropped, nothing ever asks again. vLLM's forward context is a module global, which dynamo reads
-    at trace time in the same way; this one is a ContextVar, which dynamo cannot read, so
-    ``assume_constant_result`` gives the toy that same trace-time decision.
-    """
+    """Whether this step has metadata: the plain-Python guard (``python_guards=True``, as Inkling and
+    DeepSeek V4). Dynamo decides it once, at trace time, as it reads vLLM's module global; a ContextVar
+    it cannot read, hence ``assume_constant_result``."""
     return get_forward_context().attn_metadata is not None
 
 
 def layer_metadata(layer_name: str, strict: bool) -> Any | None:
-    """This layer's metadata, or ``None`` when the step has none.
-
-    A guarded layer (``strict=False``) treats ``None`` as a profiling run and skips its work. A strict
-    layer refuses, which turns the silent bug into a loud one.
-    """
+    """This layer's metadata, or None (a guarded layer skips its work; ``strict`` raises: the loud bug)."""
     metadata = get_forward_context().attn_metadata
     if metadata is not None:
         return metadata[layer_name]

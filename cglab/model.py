@@ -41,11 +41,8 @@ class DecoderLayer(nn.Module):
 
 
 class ToyTransformer(nn.Module):
-    """Embeddings, one ``DecoderLayer`` per pattern entry, a final norm and the LM head.
-
-    Weights depend only on ``config`` (seeded, built on the CPU in float32, then moved), so two
-    models with the same config are identical: the basis of every replay-vs-eager comparison.
-    """
+    """Embeddings, one ``DecoderLayer`` per pattern entry, a norm and the LM head; weights depend only on
+    ``config`` (seeded, built on the CPU), the basis of every replay-vs-eager comparison."""
 
     def __init__(self, config: ToyConfig, device: str | torch.device = "cpu", return_hidden_states: bool = False
                  ) -> None:
@@ -64,12 +61,8 @@ class ToyTransformer(nn.Module):
         self.to(device=device, dtype=getattr(torch, config.dtype))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits ``[num_tokens, vocab]``. Metadata comes from the forward context, not from arguments.
-
-        With ``return_hidden_states`` each row is its logits followed by the last hidden state
-        ``[num_tokens, vocab + hidden]``, which an EAGLE-style drafter reads: one tensor, so a graph
-        still has one static output.
-        """
+        """Logits ``[num_tokens, vocab]``, metadata from the forward context. ``return_hidden_states``:
+        ``[num_tokens, vocab + hidden]`` for an EAGLE-style drafter, one tensor so a graph has one output."""
         hidden = self.embed_tokens(input_ids) + self.embed_positions(positions)
         for layer in self.layers:
             hidden = layer(hidden)

@@ -22,9 +22,10 @@ def repro_header(result: ReproResult, *, python_guards: bool = False, frozen_ste
     flavor = f" ({result.piecewise_flavor})" if "piecewise" in result.mode else ""
     guards = ", guards in plain Python" if python_guards else ""
     # Named with its value: the same mode and layers give a different acceptance with it on.
-    frozen = ", --frozen-step-index on (the draft step index is a Python int frozen at capture)" if frozen_step_index \
-        else ""
-    return f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}{frozen}, backend {result.backend}"
+    frozen = (", --frozen-step-index on (the draft step index is a Python int frozen at capture)"
+              if frozen_step_index else "")
+    return (f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}{frozen}, "
+            f"backend {result.backend}")
 
 
 def repro_verdict(result: ReproResult) -> str:

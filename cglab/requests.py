@@ -1,7 +1,4 @@
-"""Request bookkeeping: which blocks each request owns and how many tokens it has stored.
-
-A much-reduced vLLM KV-cache manager: enough to give every request a block-table row.
-"""
+"""Request bookkeeping (a much-reduced vLLM KV-cache manager): each request's blocks and stored tokens."""
 
 from __future__ import annotations
 

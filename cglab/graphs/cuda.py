@@ -1,7 +1,5 @@
-"""The real CUDA backend: raw ``torch.cuda.CUDAGraph`` segments on one side stream.
-
-Nothing here touches ``torch.cuda`` at import time, so CPU-only builds import this module fine.
-"""
+"""The real CUDA backend: raw ``torch.cuda.CUDAGraph`` segments on one side stream (no ``torch.cuda``
+at import, for CPU-only builds)."""
 
 from __future__ import annotations
 
@@ -138,12 +136,8 @@ class _CudaSession(CaptureSession):
 
 
 class CudaBackend(GraphBackend):
-    """Real CUDA graphs. Capture and warmup run on one side stream; replay runs on the
-    current stream (graphs and eager steps alike, so their order is the program order).
-
-    All graphs of this backend share one memory pool, as vLLM shares one across batch sizes;
-    this is safe because only one graph runs at a time.
-    """
+    """Real CUDA graphs: capture on a side stream, replay on the current one (in program order); one
+    shared memory pool, as vLLM's, safe because one graph runs at a time."""
 
     name = "cuda"
 

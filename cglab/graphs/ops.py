@@ -1,12 +1,6 @@
-"""The aten op rules both graph backends obey: what an op does to memory, which ops need the host
-(and so cannot be captured), and which ops count as work (a kernel each on a GPU).
-
-cglab's custom ops (``cglab::short_conv``...) are not ops of their own here: a dispatch mode runs
-their Python body instead (``inline_custom_op``), so their kernels are recorded and counted one by
-one, exactly as a GPU graph records the kernels a custom op launches.
-
-Read from each op's schema once and cached, so the recording and counting modes stay cheap.
-"""
+"""The aten op rules both graph backends obey, read once per op from its schema: what it does to
+memory, whether it needs the host (cannot be captured), whether it is work (a kernel on a GPU).
+cglab's custom ops run their Python body (``inline_custom_op``), so their kernels count one by one."""
 
 from __future__ import annotations
 
@@ -108,11 +102,8 @@ def _input_storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
 def _fresh_outputs(
     info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
 ) -> list[tuple[int, int, torch.Tensor]]:
-    """The new tensors an op returned, as (return index, list index or -1, tensor).
-
-    A return without alias annotation can still share its input's memory (``_unsafe_view``
-    does): such outputs are views in fact, so they are left out by comparing storages.
-    """
+    """The new tensors an op returned, as (return index, list index or -1, tensor); outputs sharing an
+    input's storage without an alias annotation (``_unsafe_view``) are views in fact, left out."""
     if not info.fresh:
         return []
     items = (out,) if info.num_returns == 1 else out
@@ -216,13 +207,8 @@ def _check_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops that do work (write memory or make new data: a kernel each on a GPU)
-    while ``active``. Views and bare allocations launch nothing and are not counted. One rule for
-    every backend, so "ops per segment" and "launches per step" mean the same everywhere.
-
-    ``check_host_syncs=True`` also stops host syncs before CUDA sees them: an error raised here
-    leaves a CUDA capture valid, so it can be closed cleanly.
-    """
+    """Counts the aten ops that do work (a kernel each on a GPU) while ``active``, one rule for every
+    backend. ``check_host_syncs``: stop host syncs before CUDA sees them, so a capture closes cleanly."""
 
     def __init__(self, check_host_syncs: bool = False, active: bool = True) -> None:
         super().__init__()

@@ -1,12 +1,8 @@
-"""The CPU simulator of CUDA graphs: same semantics as a GPU capture, no GPU, no speed.
+"""The CPU simulator of CUDA graphs: a GPU capture's semantics, not its speed.
 
-Capture records every aten call (a TorchDispatchMode) with the very memory it read and wrote:
-aliases with the storage, offset and strides seen at capture, as a GPU graph bakes in
-addresses. Replay re-executes the record against that storage. To be faithful to a GPU, where
-capture launches nothing, each segment is undone when it closes: buffers that existed before
-and were written get their bytes back, and tensors the segment created are poisoned
-(NaN / dtype max / False) until the first replay. Host syncs raise CaptureError, as they fail
-on a GPU.
+Capture records every aten call with the memory it touched (addresses baked in, as on a GPU);
+replay re-runs the record on that storage. Capture launches nothing on a GPU, so each segment is
+undone when it closes: written buffers get their bytes back, new tensors hold poison until replay.
 """
 
 from __future__ import annotations
@@ -77,11 +73,8 @@ class SimSegment(GraphSegment):
 
 
 def _poison(t: torch.Tensor) -> None:
-    """Fill a tensor whose kernel 'did not run' with an obviously wrong value.
-
-    Writes through a fresh alias of the memory: like a GPU kernel, it must not bump the
-    tensor's autograd version counter (that would break views made during capture).
-    """
+    """Fill a tensor whose kernel 'did not run' with a wrong value, through a fresh alias: bumping the
+    version counter would break views made during capture."""
     if t.numel() == 0:
         return
     try:
@@ -255,10 +248,7 @@ class _SimSession(CaptureSession):
 
 
 class SimBackend(GraphBackend):
-    """Simulated CUDA graphs on any device (CPU by default): teaches semantics, not speed.
-
-    Memory pool sharing is trivial here: recorded tensors simply stay alive with the graph.
-    """
+    """Simulated CUDA graphs on any device (CPU by default); recorded tensors live with the graph."""
 
     name = "sim"
 

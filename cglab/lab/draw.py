@@ -1,11 +1,5 @@
-"""Pictures of the toy engine: its paged caches, its captured graphs, its divergence from eager.
-
-Every function returns a ``matplotlib.figure.Figure`` that pyplot does not manage, so a notebook
-shows it once (as the cell's value) and a test can draw it with no display at all. Text pictures
-(``describe_requests``, ``describe_step``, ``describe_dispatch``; a graph's pieces are in
-``cglab.lab.anatomy``) return
-strings, so notebooks can print them and nbval can check them.
-"""
+"""Pictures of the toy engine: paged caches, captured graphs, divergence from eager. Figures are not
+managed by pyplot (a notebook shows each once, a test needs no display); text pictures are strings."""
 
 from __future__ import annotations
 
@@ -118,12 +112,8 @@ def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) ->
 
 
 def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title: str = "") -> Figure:
-    """Every cache of the model as one row of slots, coloured by the request that owns the slot.
-
-    A coloured cell holds data; red means the request has reached that slot but the cache row was
-    never written (the signature of the missing-metadata bug); grey is reserved for later tokens.
-    ``highlight_slots`` (this step's slot mapping) are marked with a ▼ above the rows; the legend says so.
-    """
+    """Every cache as a row of slots coloured by owning request; red: reached but never written (the
+    bug's signature); grey: reserved. ``highlight_slots`` get a ▼ above the rows."""
     _expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
     if isinstance(highlight_slots, (str, bytes)) or not isinstance(highlight_slots, Sequence) or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in highlight_slots):
@@ -167,7 +157,8 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     for y in range(len(states) + 1):
         ax.axhline(y - 0.5, color="white", lw=2)
     marked = [s for s in highlight_slots if 0 <= s < num_slots]
-    # Placed in points above the top edge, not in rows: a row's height changes with the figure, the title's pad does not.
+    # Placed in points above the top edge, not in rows: a row's height changes with the figure, the
+    # title's pad does not.
     above = offset_copy(ax.get_xaxis_transform(), fig=fig, y=_MARKER_RISE_PT, units="points")
     ax.plot(marked, [1.0] * len(marked), "v", color="black", ms=_MARKER_PT, clip_on=False, transform=above)
     ax.set_ylim(len(states) - 0.5, -0.5)
@@ -197,10 +188,7 @@ def _short_op(op: str) -> str:
 
 
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:
-    """Each graph as its replay sequence: graphs (width = ops recorded) and eager steps.
-
-    A value is a captured graph, or its ``graph_pieces`` (then compiled pieces carry their names).
-    """
+    """Each graph (or its ``graph_pieces``) as its replay sequence: graphs (width = ops) and eager steps."""
     fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
     ax = fig.add_subplot()
     if not isinstance(graphs, Mapping) or not graphs:
@@ -245,12 +233,8 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
 
 @dataclass(frozen=True)
 class BatchShape:
-    """A batch as the dispatcher sees it: one query length per request, and which requests are still
-    prefilling (their tokens are prompt tokens, the last chunk of the prompt included).
-
-    ``by_shape=True`` classifies it with the rule from before vLLM PR #51865 (equal query lengths are
-    enough), as ``CompilationConfig(..., uniform_decode_by_shape=True)`` does.
-    """
+    """A batch as the dispatcher sees it: query lengths and which requests still prefill; ``by_shape``:
+    the rule from before vLLM PR #51865 (equal query lengths are enough)."""
 
     label: str
     query_lens: tuple[int, ...]
@@ -331,12 +315,9 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
 
 
 def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
-    """Left: replay-vs-eager logit difference at every decode step. Right: each cache's difference
-    from the eager reference after the last step.
-
-    Both panels share one log scale, from exact agreement (plotted at a floor) to 10, with the
-    tolerance marked, so a rounding difference stays small beside a real divergence. A run keeps its
-    colour whatever else is drawn: legacy capture red, fixed capture blue."""
+    """Left: each decode step's logit difference from eager; right: each cache's after the last step.
+    One log scale with the tolerance marked, so rounding stays small beside a divergence; legacy red,
+    fixed blue."""
     if not isinstance(results, Mapping) or not results or not all(isinstance(r, ReproResult)
                                                                   for r in results.values()):
         raise ConfigError("draw_divergence takes a dict {label: ReproResult} with at least one run, e.g. "

@@ -1,12 +1,4 @@
-"""ipywidgets controls above an output area that redraws an explorer: the machinery every
-``interactive_*`` explorer shares.
-
-An explorer is a pure function of its controls that returns a figure. ``interactive`` puts the
-controls in a row that wraps, redraws the figure on every change (one draw at a time, the newest
-values winning), and optionally shows a fixed hint above the row, disables the controls that do
-nothing for the current values (with a status line under the row saying why), and prints notes
-under the figure.
-"""
+"""ipywidgets controls above an output area that redraws an explorer: what every ``interactive_*`` shares."""
 
 from __future__ import annotations
 
@@ -29,12 +21,8 @@ _DRAW_LOCK = threading.Lock()
 
 
 class _Redraw:
-    """Redraws one output area, one draw at a time, the latest request winning.
-
-    A request that comes while a draw runs only marks the area stale and returns; the running thread
-    then draws once more with the controls' values at that moment, so bursts of changes coalesce into
-    one final draw of the newest values instead of a queue of stale ones (or overlapping ones).
-    """
+    """Redraws one output area, one draw at a time: a request during a draw marks it stale, and the
+    running thread draws once more, so a burst of changes ends in one draw of the newest values."""
 
     def __init__(self, draw: Callable[[dict[str, Any]], None], controls: dict[str, Any]) -> None:
         self._draw, self._controls = draw, controls
@@ -66,15 +54,9 @@ class _Redraw:
 def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hint: str = "",
                 state: Callable[[dict[str, Any]], ControlState] | None = None,
                 notes: Callable[..., list[str]] | None = None, **fixed: Any) -> Any:
-    """Controls above an output area that redraws ``explorer(**controls, **fixed)`` on every change.
-
-    ``hint``: a line above the controls (how to use them). ``state(values)``: the controls to disable
-    for these values and why; a disabled control keeps its value, so the figure still shows what the
-    controls show, and the reason appears in a status line under the controls. ``notes(**values,
-    **fixed)``: lines printed under the figure.
-
-    Not ``ipywidgets.interactive_output``: it draws on every callback thread at once (see ``_Redraw``).
-    """
+    """Controls above an output area redrawing ``explorer(**controls, **fixed)`` on every change.
+    ``hint``: a line above; ``state(values)``: controls to disable and why (a status line);
+    ``notes``: lines under the figure. Not ``interactive_output``, which draws on every thread at once."""
     import ipywidgets as widgets
     from IPython.display import display
 

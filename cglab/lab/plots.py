@@ -1,11 +1,5 @@
-"""Figures of benchmark results (``cglab.bench``) and of speculative decoding runs, matplotlib only,
-one question per Axes.
-
-Every benchmark title names the device the numbers come from; results of the CPU simulator also say,
-in the title, that they show semantics only, never GPU speed. Each function takes an ``ax`` (or makes
-one) and returns it, so notebooks can lay figures out as they like. Legends sit under the axes and
-labels in a band kept free of data, so neither covers a curve.
-"""
+"""Figures of benchmark results and speculative decoding runs, one question per Axes. Titles name the
+device (the simulator's say: semantics, not GPU speed); legends sit below the axes, clear of curves."""
 
 from __future__ import annotations
 
@@ -203,12 +197,8 @@ def path_colors(results: Iterable[ReproResult]) -> list[str]:
 
 
 def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = None) -> Axes:
-    """Tokens a request gains per speculative step (its accepted drafts plus the target's own token),
-    one line per run, against the same drafter run eagerly (the reference) and the two bounds: 1
-    without speculation, ``K + 1`` when every draft is accepted.
-
-    A count, not a timing: it reads the same on the simulator and on a GPU.
-    """
+    """Tokens a request gains per speculative step, per run, against the eager reference and the bounds
+    1 and ``K + 1``; a count, so the same on the simulator and a GPU."""
     if not results or any(not r.tokens_per_step for r in results.values()):
         raise ConfigError("plot_tokens_per_step needs speculative decoding results: run_spec_repro(...) for each run")
     ks = {r.num_speculative_tokens for r in results.values()}

@@ -1,12 +1,5 @@
-"""Interactive explorers for the notebooks.
-
-Each explorer is a pure function of its controls that computes and returns a figure
-(``decode_explorer``, ``divergence_explorer``, ``latency_explorer``): tests call them directly and
-a notebook shows them as static figures. ``interactive_*`` wraps one in ipywidgets controls whose
-initial values draw the same figure, so the notebook reads well even where widgets do not run.
-Notebook 04's explorer and its cases live in ``cglab.lab.divergence``, the controls machinery in
-``cglab.lab.interactive``; their names are importable from here too.
-"""
+"""Interactive explorers: pure functions of their controls returning a figure, and ``interactive_*``
+wrappers whose initial values draw the same figure where widgets do not run."""
 
 from __future__ import annotations
 
@@ -43,12 +36,8 @@ PROMPT_LENGTHS = (5, 9, 3)  # three requests of different lengths: their blocks 
 
 def decode_scenario(runner: ModelRunner, steps: int,
                     prompt_lengths: Sequence[int] = PROMPT_LENGTHS) -> list[torch.Tensor]:
-    """Prefill one request per prompt length, then run ``steps`` decode steps over all of them. Returns
-    each decode step's logits.
-
-    The toy prefills eagerly so that every runner's decode steps start from identical caches. vLLM does
-    not run short prefills eagerly: they go through the dispatcher like any batch (PIECEWISE graphs, or
-    eager only above the capture sizes)."""
+    """Each decode step's logits after an eager prefill of one request per prompt length (eager so every
+    runner starts from identical caches; vLLM dispatches prefills like any batch)."""
     longest = max(prompt_lengths, default=0)
     room = runner.config.max_model_len - longest
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= room:

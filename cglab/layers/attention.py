@@ -1,15 +1,7 @@
-"""Paged attention, as the custom op ``cglab::unified_attention``: the op PIECEWISE graphs split at.
-
-vLLM: ``vllm/model_executor/layers/attention/attention.py`` (``unified_attention_with_output`` is the
-op torch.compile splits at) and the breakable-graph decorator in
-``vllm/compilation/breakable_cudagraph.py``. Under compiled PIECEWISE the backend cuts the FX graph
-around this op; under breakable PIECEWISE its body ends the current graph segment. Either way it runs
-eagerly at every step and reads the live metadata.
-
-The key range is ``max_seq_len`` from the metadata, a host-side width. Capture-safe metadata sets it
-to ``max_model_len``, so a FULL graph's attention reads every key slot up to the model maximum: a toy
-artefact. vLLM's kernels stop at the live ``seq_lens``, which they read on the device.
-"""
+"""Paged attention, the custom op ``cglab::unified_attention`` PIECEWISE graphs split at (vLLM:
+``unified_attention_with_output``, ``vllm/compilation/breakable_cudagraph.py``); it runs eagerly at
+every step and reads live metadata. The key range is the host-side ``max_seq_len`` (``max_model_len``
+in capture metadata: a toy artefact; vLLM's kernels read ``seq_lens`` on the device)."""
 
 from __future__ import annotations
 
@@ -29,13 +21,9 @@ _MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over 
 @eager_break_during_capture
 def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
                        kv_cache: torch.Tensor, layer_name: str, strict: bool = False) -> None:
-    """Store this step's keys and values at ``slot_mapping``, then attend over each token's history.
-
-    Writes into ``output`` and returns nothing: under PIECEWISE this function runs eagerly at every
-    replay, and only a buffer the caller passed in survives between the graph segments around it.
-    It reads its metadata live from the forward context, which is why attention-only models never
-    noticed the missing-metadata bug.
-    """
+    """Store keys and values at ``slot_mapping``, then attend over each token's history, into ``output``
+    (only a caller's buffer survives between PIECEWISE segments). Live metadata: why attention-only
+    models never noticed the bug."""
     metadata = get_forward_context().attn_metadata
     if metadata is None:  # profiling run: no batch to attend over (vLLM's backends return zeros)
         output.zero_()
@@ -67,18 +55,9 @@ def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 def _refuse_dummy_batch(md: AttentionMetadata, layer_name: str) -> None:
-    """The strict attention: ordinary metadata must describe a real batch.
-
-    The toy's own stand-in for the crash that got PR #49364 reverted (FlashAttention's Hopper kernel
-    hit an illegal address once attention ran at compiled PIECEWISE capture), not a model of a vLLM
-    kernel. It trusts its metadata: every real token row must have a KV slot, and the dummy capture
-    batch has none (its slot mapping is all PAD_SLOT_ID). The public record does not say FA3 rejected
-    that: vLLM's kernels skip rows whose slot is -1, FlashAttention's forward takes no slot mapping,
-    and the reland (#49995) credits #49751, which keeps every dummy request within ``max_model_len``
-    (its regression test names block-table reads out of bounds at capture). Capture-safe metadata
-    (``for_capture=True``) passes. The check reads the host, so it runs only where attention runs
-    eagerly.
-    """
+    """Strict attention: every real token row of ordinary metadata must have a KV slot, which the dummy
+    capture batch lacks. The toy's stand-in for the crash that got PR #49364 reverted, not a model of
+    FA3 (the reland #49995 credits #49751). Reads the host, so it runs only where attention is eager."""
     if md.for_capture:
         return
     if bool((md.slot_mapping[: md.num_actual_tokens] < 0).any()):

@@ -1,13 +1,7 @@
-"""DeepSeek-V4-style KV compressor. It runs *inside* the captured pieces (segments).
-
-vLLM: ``vllm/models/deepseek_v4/compressor.py``.
-Every token saves a partial state at its slot (``slot_mapping``); the token that completes a group
-of ``ratio`` folds the group into one compressed entry. The layer then reads the compressed entries
-its sequence has so far (a pooled summary of the long context), which is what the model sees. The
-state work is the custom op ``cglab::compressor``, opaque to torch.compile like ``short_conv``, with
-the ``metadata is None`` guard inside it: the toy's construction. DeepSeek V4 writes that guard in
-plain Python in ``forward`` and runs breakable graphs; ``python_guard=True`` does the same.
-"""
+"""DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``), inside the graph
+pieces: every token saves a partial state at its slot, the one completing a group of ``ratio`` folds
+it into a compressed entry, and the layer reads its sequence's entries. The ``None`` guard sits in the
+custom op ``cglab::compressor`` (the toy's construction; ``python_guard=True``: in ``forward``, as DSV4)."""
 
 from __future__ import annotations
 

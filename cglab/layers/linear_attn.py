@@ -1,16 +1,7 @@
-"""Linear attention with a recurrent state per request, as the custom op ``cglab::linear_attention``.
-
-vLLM: its linear-attention and Mamba layers (``vllm/model_executor/layers/mamba/``), whose ops are in
-the default splitting ops and whose metadata builders, like its Mamba builders, build capture metadata
-for decode-only batches only (``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``): the NOTE of PR
-#49364 names linear attention as a backend that "cannot generate capturable metadata for prefill".
-
-Per head a state matrix ``S`` of ``head_dim x head_dim`` carries a request's whole history:
-``S_t = decay * S_(t-1) + k_t^T v_t`` and ``o_t = q_t S_t``, with ``q`` and ``k`` L2-normalised and a
-learned per-head ``decay`` in (0, 1), so the state stays bounded. The state lives in a paged cache,
-one entry per request at its first block. Like attention, the op runs eagerly between PIECEWISE
-graphs (an eager break, and a default splitting op), so it reads the live metadata.
-"""
+"""Linear attention with a recurrent state per request, the custom op ``cglab::linear_attention``
+(vLLM: ``vllm/model_executor/layers/mamba/``; PR #49364's NOTE: such backends "cannot generate
+capturable metadata for prefill"). Per head ``S_t = decay * S_(t-1) + k_t^T v_t``, ``o_t = q_t S_t``
+(q, k L2-normalised, decay in (0, 1)); a splitting op, so it runs eagerly on live metadata."""
 
 from __future__ import annotations
 
@@ -27,13 +18,9 @@ from cglab.metadata import LinearAttentionMetadata
 @eager_break_during_capture
 def _linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, decay: torch.Tensor,
                       output: torch.Tensor, state_cache: torch.Tensor, layer_name: str) -> None:
-    """Run each request's new tokens through its recurrent state, then save the state.
-
-    Tensor ops only, looping over query offsets (``max_query_len``, a host int), so a FULL graph of a
-    decode batch records it too. A request whose first new token is at position 0 starts from zero
-    (its block may hold an old request's state). A PAD_SLOT_ID token updates no state, and a request
-    with no live token saves to the spare last row: the dummy capture batch writes nothing real.
-    """
+    """Run each request's new tokens through its state, then save it; tensor ops over ``max_query_len``
+    offsets (a FULL decode graph records it). Position 0 starts from zero; PAD_SLOT_ID tokens and
+    requests without live tokens write nowhere real (the spare last row)."""
     metadata = get_forward_context().attn_metadata
     if metadata is None:  # profiling run: no batch, no state (as attention)
         output.zero_()

@@ -1,17 +1,7 @@
-"""Inkling-style short convolution over a paged conv-state cache. It runs *inside* the captured pieces (segments).
-
-vLLM: the Inkling model's short convolutions (``vllm/models/inkling/...``).
-Each token's conv input is stored at its slot; the conv reads the previous ``kernel_size - 1``
-inputs of the same sequence through the block table. So it needs the slot mapping and the block
-table, just like attention, although it is not attention.
-
-Where the ``metadata is None`` guard sits decides which freeze it meets. By default the toy puts it
-inside the custom op ``cglab::short_conv``: torch.compile sees one opaque call, so the guard is
-decided whenever the op runs, at capture too, never at tracing. That is the configuration the toy
-constructs for the bug; Inkling itself writes the guard in plain Python in ``forward`` and runs
-breakable graphs. ``python_guard=True`` does as Inkling does: eagerly and in breakable captures the
-guard is asked at every call, but torch.compile decides it once, when it traces.
-"""
+"""Inkling-style short convolution over a paged conv-state cache, inside the graph pieces (vLLM:
+``vllm/models/inkling/...``): it reads the previous ``kernel_size - 1`` inputs through the block table,
+so it needs attention metadata. The ``None`` guard sits in the custom op ``cglab::short_conv``, decided
+when it runs (at capture too); ``python_guard=True`` puts it in ``forward``, as Inkling does."""
 
 from __future__ import annotations
 
