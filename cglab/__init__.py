@@ -37,11 +37,11 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 
 __all__ = [
     "PAD_SLOT_ID", "AddressChangedError", "AttentionCGSupport", "BatchExecutionDescriptor", "BlockTables",
-    "CUDAGraphMode", "CapacityError", "CaptureError", "CglabError", "CompilationConfig", "ConfigError", "CudaGraphManager",
-    "CudagraphDispatcher", "InputBatch", "InputBuffers", "MetadataBuildError", "MissingMetadataError", "ModelRunner",
-    "ReproResult", "SpeculativeConfig", "StepOutput", "ToyConfig", "ToyTransformer", "get_forward_context", "prepare_attn",
-    "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy", "run_repro", "set_forward_context",
-    "state_differences",
+    "CUDAGraphMode", "CapacityError", "CaptureError", "CglabError", "CompilationConfig", "ConfigError",
+    "CudaGraphManager", "CudagraphDispatcher", "InputBatch", "InputBuffers", "MetadataBuildError",
+    "MissingMetadataError", "ModelRunner", "ReproResult", "SpeculativeConfig", "StepOutput", "ToyConfig",
+    "ToyTransformer", "get_forward_context", "prepare_attn", "prepare_inputs_to_capture",
+    "prepare_inputs_to_capture_legacy", "run_repro", "set_forward_context", "state_differences",
 ]
 
 

@@ -30,10 +30,11 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.compilation import CglabBackend, cudagraph_capturing_enabled
+from cglab.compilation import cudagraph_capturing_enabled
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 from cglab.errors import AddressChangedError, CaptureError
+from cglab.forward_context import set_forward_context
 from cglab.graphs import CapturedGraph, GraphBackend
 from cglab.metadata import AttentionGroup, prepare_attn
 
@@ -126,19 +127,32 @@ def tensor_source(name: str, attn_groups: Sequence[AttentionGroup], state_names:
 
 @dataclass
 class CaptureForward:
-    """A forward over one descriptor's dummy batch, run as ``forward(cg_mode)``, plus what it reads
-    from outside the graph (see ``graph_reads``), so the manager can check those addresses at replay.
-
-    ``call`` runs the model on the same input buffers under whatever forward context is set: a
-    compiled PIECEWISE replay is exactly that, with the live context of the step.
-    """
+    """A forward over one descriptor's dummy batch, run as ``forward(cg_mode)`` under a forward context
+    that carries its metadata, plus what it reads from outside the graph (see ``graph_reads``), so the
+    manager can check those addresses at replay."""
 
     run: Callable[[CUDAGraphMode], torch.Tensor]
     reads: dict[str, torch.Tensor]
-    call: Callable[[], torch.Tensor]
 
     def __call__(self, cg_mode: CUDAGraphMode) -> torch.Tensor:
         return self.run(cg_mode)
+
+
+def create_capture_forward(desc: BatchExecutionDescriptor, max_num_reqs: int, input_buffers: InputBuffers,
+                           block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
+                           compilation_config: CompilationConfig, run_model: Callable[[int], torch.Tensor],
+                           reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]]) -> CaptureForward:
+    """Prepare ``desc``'s dummy batch and its capture metadata; ``run_model(num_reqs)`` is what the graph
+    records. The target model and the drafter's routines are captured through this one function."""
+    num_reqs = desc.num_reqs or min(desc.num_tokens, max_num_reqs)
+    attn_metadata = prepare_capture_metadata(desc, num_reqs, input_buffers, block_tables, attn_groups,
+                                             compilation_config)
+
+    def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
+        with set_forward_context(attn_metadata, cg_mode, desc):
+            return run_model(num_reqs)
+
+    return CaptureForward(forward, reads(attn_metadata))
 
 
 class ForwardFnFactory(Protocol):
@@ -166,7 +180,6 @@ class CapturedEntry:
     # Keeps the capture-time inputs alive, so a graph that still reads them reads stale values
     # (deterministic and teachable) rather than freed memory.
     keepalive: CaptureForward
-    addresses: dict[str, _Address]  # what the graph reads, as captured; checked before replay
     replays: int = 0  # steps this graph served (a test whose steps all ran eagerly proves nothing)
 
 
@@ -174,9 +187,9 @@ class CapturedEntry:
 class CaptureStats:
     """What capturing every graph cost, as vLLM logs it at start-up: wall time and memory.
 
-    ``seconds`` includes the warmups; a compiled model was compiled before, by the runner's profiling
-    run (its first compiled call), so that is not in it. ``memory_bytes``: what the backend reports in use after capture minus before (device
-    memory on CUDA, the process's resident memory on the simulator); None where it cannot tell.
+    ``seconds`` includes the warmups (a compiled model was compiled before, by the profiling run).
+    ``memory_bytes``: in use after capture minus before (device memory on CUDA, the process's resident
+    memory on the simulator); None where the backend cannot tell.
     """
 
     seconds: float
@@ -185,24 +198,28 @@ class CaptureStats:
 
 
 class CudaGraphManager:
-    """Captures one graph per descriptor in one memory pool, and replays them.
+    """Captures a graph per descriptor, all in one memory pool, and holds the FULL ones.
 
-    With ``compiled`` (the torch.compile backend of a compiled model), PIECEWISE descriptors are
-    captured piece by piece by that backend's wrappers (``CUDAGraphWrapper``); without it, PIECEWISE capture
-    is breakable (one capture, split at the eager breaks). FULL is always one graph over the forward.
+    A FULL graph is the whole forward, run in mode NONE inside the capture, replayed by
+    ``run_fullgraph``. A PIECEWISE graph lives inside the model, in its ``CUDAGraphWrapper``s (one
+    per compiled piece, or one breakable wrapper around the model): capturing runs the model under a
+    PIECEWISE forward context and the wrappers capture; a PIECEWISE step runs the model again under
+    that context and they replay. ``shared_warmup``: compiled PIECEWISE warms up and captures with one
+    set of metadata, as vLLM does; every other capture prepares fresh metadata after its warmup.
 
-    ``check_addresses=True`` is a debug check: before each replay, every tensor the graph read at
-    capture, metadata included, must still live where it lived then. Cheap, but not free, hence off
-    by default on CUDA.
+    ``check_addresses=True`` is a debug check: before each replay, every tensor a graph read at
+    capture, metadata included, must still live where it lived then (``check_reads``).
     """
 
     def __init__(self, backend: GraphBackend, dispatcher: CudagraphDispatcher, check_addresses: bool = False,
-                 compiled: CglabBackend | None = None) -> None:
+                 shared_warmup: bool = False) -> None:
         self.backend = backend
         self.dispatcher = dispatcher
         self.check_addresses = check_addresses
-        self.compiled = compiled
-        self.graphs: dict[BatchExecutionDescriptor, CapturedEntry] = {}
+        self.shared_warmup = shared_warmup
+        self.graphs: dict[BatchExecutionDescriptor, CapturedEntry] = {}  # FULL graphs only
+        self.addresses: dict[BatchExecutionDescriptor, dict[str, _Address]] = {}  # what each capture read
+        self._keepalive: dict[BatchExecutionDescriptor, CaptureForward] = {}
         self.capture_stats: CaptureStats | None = None
         self._released = False
 
@@ -213,56 +230,49 @@ class CudaGraphManager:
         start = time.perf_counter()
         for desc in self.dispatcher.capture_descriptors():  # PIECEWISE first, then FULL; largest first
             try:
-                if desc.cg_mode is CUDAGraphMode.PIECEWISE and self.compiled is not None:
-                    forward_fn, graph, output = self._capture_compiled_piecewise(desc, create_forward_fn)
-                else:
-                    with self.backend.warmup_context():
-                        create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
-                    forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
-                    graph, output = self.backend.capture(lambda: forward_fn(desc.cg_mode),
-                                                         breakable=desc.cg_mode is CUDAGraphMode.PIECEWISE)
+                forward_fn = self._capture_one(desc, create_forward_fn)
             except CaptureError as exc:  # same type, so callers can still tell the rules apart
                 raise type(exc)(f"capturing the {desc} graph failed: {exc}") from exc
-            addresses = {name: _address(t) for name, t in forward_fn.reads.items() if t.numel()}
-            self.graphs[desc] = CapturedEntry(graph, output, forward_fn, addresses)
+            self.addresses[desc] = {name: _address(t) for name, t in forward_fn.reads.items() if t.numel()}
             if progress is not None:
                 progress(desc)
         self.backend.synchronize()
-        seconds = time.perf_counter() - start
         memory_after = self.backend.memory_in_use()
         memory = None if memory_before is None or memory_after is None else memory_after - memory_before
-        self.capture_stats = CaptureStats(seconds, len(self.graphs), memory)
+        self.capture_stats = CaptureStats(time.perf_counter() - start, len(self.addresses), memory)
 
-    def _capture_compiled_piecewise(self, desc: BatchExecutionDescriptor, create_forward_fn: ForwardFnFactory
-                                    ) -> tuple[CaptureForward, CapturedGraph, torch.Tensor]:
-        """Warm up, then run the compiled forward in PIECEWISE mode: each piece's wrapper captures its
-        graph, and the splitting ops between them run for real, on the dummy batch. One forward (one
-        set of metadata) serves both runs, as in vLLM.
-        ``LazyPlanAttentionMetadataBuilder`` shows why that is safe: attention runs eagerly, planning every step."""
-        assert self.compiled is not None
-        forward_fn = create_forward_fn(desc, warmup=False)
+    def _capture_one(self, desc: BatchExecutionDescriptor, create_forward_fn: ForwardFnFactory) -> CaptureForward:
+        piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
+        forward_fn = create_forward_fn(desc, warmup=not (piecewise and self.shared_warmup))
+        # The warmup every graph gets (PyTorch's advice too): first uses, such as cuBLAS on the capture
+        # stream, happen here rather than inside the capture. It changes no value on the simulator.
         with self.backend.warmup_context():
-            # The warmup every graph gets (PyTorch's advice too): first uses, such as cuBLAS on the capture
-            # stream or a kernel's first launch, happen here rather than inside the capture. On the
-            # simulator nothing initialises lazily, so there it changes no value.
             forward_fn(CUDAGraphMode.NONE)
+        if not (piecewise and self.shared_warmup):
+            forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
+        if piecewise:
             with cudagraph_capturing_enabled():
-                output = forward_fn(CUDAGraphMode.PIECEWISE)
-        return forward_fn, self.compiled.piecewise_graph(desc, forward_fn.call, output), output
+                forward_fn(CUDAGraphMode.PIECEWISE)  # the model's wrappers capture
+            self._keepalive[desc] = forward_fn
+        else:
+            graph, output = self.backend.capture(lambda: forward_fn(CUDAGraphMode.NONE))
+            self.graphs[desc] = CapturedEntry(graph, output, forward_fn)
+        return forward_fn
 
-    def replay(self, desc: BatchExecutionDescriptor, reads: Mapping[str, torch.Tensor] | None = None,
-               source: Callable[[str], str] = lambda name: "") -> torch.Tensor:
-        """Replay ``desc``'s graph; its inputs must already be in the persistent buffers.
+    def check_reads(self, desc: BatchExecutionDescriptor, reads: Mapping[str, torch.Tensor],
+                    source: Callable[[str], str] = lambda name: "") -> None:
+        """Before a replay of ``desc``: every tensor its capture read must still be where it was.
+        ``reads`` are the live tensors behind those names (``graph_reads``); ``source(name)`` says who
+        produced one, for the error message."""
+        if desc not in self.addresses:
+            raise self._not_captured(desc)
+        _check_addresses(desc, self.addresses[desc], reads, source)
 
-        ``reads`` are the live tensors behind the names the graph read at capture (``graph_reads``);
-        with ``check_addresses`` on they are checked first. ``source(name)`` says who produced a tensor,
-        for the error message.
-        """
+    def run_fullgraph(self, desc: BatchExecutionDescriptor) -> torch.Tensor:
+        """Replay ``desc``'s FULL graph; its inputs must already be in the persistent buffers."""
         entry = self.graphs.get(desc)
         if entry is None:
             raise self._not_captured(desc)
-        if self.check_addresses and reads is not None:
-            _check_addresses(desc, entry.addresses, reads, source)
         entry.graph.replay()
         entry.replays += 1
         return entry.output
@@ -271,7 +281,7 @@ class CudaGraphManager:
         if self._released:
             return CaptureError(f"cannot replay {desc}: the graphs were released by close(); "
                                 "build a new ModelRunner to capture them again")
-        captured = ", ".join(str(d) for d in self.graphs) or "none"
+        captured = ", ".join(str(d) for d in self.addresses) or "none"
         return CaptureError(
             f"no graph was captured for {desc} (a shape the graph was not captured for; captured: {captured}). "
             "A graph replays only the exact shape it was captured for: get the descriptor from "
@@ -280,15 +290,17 @@ class CudaGraphManager:
     @property
     def captured_sizes(self) -> dict[CUDAGraphMode, list[int]]:
         sizes: dict[CUDAGraphMode, list[int]] = {}
-        for desc in self.graphs:
+        for desc in self.addresses:
             sizes.setdefault(desc.cg_mode, []).append(desc.num_tokens)
         return {mode: sorted(s) for mode, s in sizes.items()}
 
     def reset(self) -> None:
-        """Release every graph (on CUDA: their pool memory, once nothing else holds their outputs)."""
+        """Release the FULL graphs (on CUDA: their pool memory, once nothing else holds their outputs);
+        the model's wrappers hold the PIECEWISE ones (``ModelRunner.piecewise_wrappers``)."""
         for entry in self.graphs.values():
             entry.graph.reset()
         self.graphs.clear()
+        self._keepalive.clear()
         self._released = True
 
 

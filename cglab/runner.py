@@ -16,8 +16,9 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.compilation import CglabBackend, CompiledModel
+from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.backends import auto_compiler
+from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import (
     DEVICES,
@@ -29,10 +30,16 @@ from cglab.config import (
     resolve_splitting_ops,
     splitting_ops_contain_attention,
 )
-from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, graph_reads, prepare_capture_metadata, tensor_source
+from cglab.cudagraph_utils import (
+    CaptureForward,
+    CudaGraphManager,
+    create_capture_forward,
+    graph_reads,
+    tensor_source,
+)
 from cglab.errors import CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
-from cglab.graphs import GraphBackend, get_backend
+from cglab.graphs import CapturedGraph, GraphBackend, get_backend
 from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, min_cudagraph_support, prepare_attn
 from cglab.model import ToyTransformer
 from cglab.requests import BlockPool, RequestState
@@ -108,8 +115,8 @@ class ModelRunner:
         self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device)
         self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
                                         config.max_num_tokens, self.device)
-        self.attn_groups = build_attn_groups(config, self.device, builders,
-                                             [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())])
+        layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
+        self.attn_groups = build_attn_groups(config, self.device, builders, layers)
         # Before the dispatcher and the compile backend: both follow the lowered policy.
         self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
             cc.cudagraph_mode, self.attn_groups, config.layers, cc.piecewise_flavor, self.splitting_ops,
@@ -128,17 +135,40 @@ class ModelRunner:
                 self.device)
             if cc.check_addresses is None:
                 self.check_addresses = graph_backend.name == "sim"
-            compiled = None
-            if not cc.use_breakable_cg:
-                piecewise = CUDAGraphMode.PIECEWISE in self.cudagraph_mode.runtime_modes()
-                compiled = CglabBackend(graph_backend, self.splitting_ops, piecewise=piecewise,
-                                        compiler=self.compile_backend, check_addresses=self.check_addresses)
-                self.forward_model = CompiledModel(self.model, compiled)
-            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, self.check_addresses, compiled)
+            self.forward_model = build_forward_model(self.model, cc, self.cudagraph_mode, graph_backend,
+                                                     self.splitting_ops, self.compile_backend, self.check_addresses)
+            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, self.check_addresses,
+                                                      shared_warmup=not cc.use_breakable_cg)
         with torch.inference_mode():
             self.profile_run()
             if self.cudagraph_manager is not None:
                 self.cudagraph_manager.capture(self.create_forward_fn, progress)
+
+    @property
+    def compiled_backend(self) -> CglabBackend | None:
+        """The torch.compile backend of a compiled model (its split graph, pieces and wrappers)."""
+        return self.forward_model.backend if isinstance(self.forward_model, CompiledModel) else None
+
+    def graph_replays(self) -> dict[BatchExecutionDescriptor, int]:
+        """Every captured descriptor, in capture order, with the steps its graph served: FULL graphs
+        from the manager, PIECEWISE ones from the model's wrappers (every piece replays once a step)."""
+        manager, wrappers = self.cudagraph_manager, self.piecewise_wrappers()
+        if manager is None:
+            return {}
+        full = {desc: entry.replays for desc, entry in manager.graphs.items()}
+        pieces = {desc: entry.replays for desc, entry in wrappers[0].entries.items()} if wrappers else {}
+        return {desc: full[desc] if desc in full else pieces.get(desc, 0) for desc in manager.addresses}
+
+    def captured_graphs(self, desc: BatchExecutionDescriptor) -> list[CapturedGraph]:
+        """The graphs a step of ``desc`` replays: its FULL graph, or one per PIECEWISE wrapper."""
+        manager = self.cudagraph_manager
+        if manager is not None and desc in manager.graphs:
+            return [manager.graphs[desc].graph]
+        return [w.entries[desc].graph for w in self.piecewise_wrappers() if desc in w.entries]
+
+    def piecewise_wrappers(self) -> list[CUDAGraphWrapper]:
+        """Where the PIECEWISE graphs live: one wrapper per compiled piece, or the breakable one."""
+        return piecewise_wrappers(self.forward_model)
 
     @property
     def backend_name(self) -> str:
@@ -167,21 +197,12 @@ class ModelRunner:
     # ------------------------------------------------------------ capture
     def create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
         """Prepare ``desc``'s dummy inputs and metadata; return the forward the manager captures."""
-        num_tokens = desc.num_tokens
-        num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
-        attn_metadata = prepare_capture_metadata(desc, num_reqs, self.input_buffers, self.block_tables,
-                                                 self.attn_groups, self.compilation_config)
-        input_ids = self.input_buffers.input_ids[:num_tokens]
-        positions = self.input_buffers.positions[:num_tokens]
-
-        def call() -> torch.Tensor:
-            return self.forward_model(input_ids, positions)
-
-        def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
-            with set_forward_context(attn_metadata, cg_mode, desc):
-                return call()
-
-        return CaptureForward(forward, self._graph_reads(attn_metadata, input_ids, positions), call)
+        input_ids = self.input_buffers.input_ids[: desc.num_tokens]
+        positions = self.input_buffers.positions[: desc.num_tokens]
+        return create_capture_forward(desc, self.config.max_num_reqs, self.input_buffers, self.block_tables,
+                                      self.attn_groups, self.compilation_config,
+                                      lambda num_reqs: self.forward_model(input_ids, positions),
+                                      lambda metadata: self._graph_reads(metadata, input_ids, positions))
 
     def _graph_reads(self, attn_metadata: dict[str, Any] | None, input_ids: torch.Tensor,
                      positions: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -246,19 +267,20 @@ class ModelRunner:
         return get_uniform_decode_token_count(query_lens, has_prefill)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
-        """Replay the graph ``prepared`` was dispatched to, or run eagerly. Returns the padded output,
-        which a graph overwrites at its next replay."""
-        desc = prepared.descriptor
-        with torch.inference_mode(), set_forward_context(prepared.attn_metadata, desc.cg_mode, desc):
-            if desc.cg_mode is CUDAGraphMode.NONE:
-                return self.forward_model(prepared.input_batch.input_ids, prepared.input_batch.positions)
-            manager = self.cudagraph_manager
-            assert manager is not None
-            reads = None
-            if manager.check_addresses:
-                batch = prepared.input_batch
-                reads = self._graph_reads(prepared.attn_metadata, batch.input_ids, batch.positions)
-            return manager.replay(desc, reads, self._source)
+        """Replay the FULL graph ``prepared`` was dispatched to, or run the model under its forward
+        context: eagerly (NONE), or with its wrappers replaying their graphs (PIECEWISE). Returns the
+        padded output, which a graph overwrites at its next replay."""
+        desc, batch = prepared.descriptor, prepared.input_batch
+        manager = self.cudagraph_manager
+        with torch.inference_mode():
+            if desc.cg_mode is not CUDAGraphMode.NONE and manager is not None and manager.check_addresses:
+                manager.check_reads(desc, self._graph_reads(prepared.attn_metadata, batch.input_ids,
+                                                            batch.positions), self._source)
+            if desc.cg_mode is CUDAGraphMode.FULL:
+                assert manager is not None
+                return manager.run_fullgraph(desc)
+            with set_forward_context(prepared.attn_metadata, desc.cg_mode, desc):
+                return self.forward_model(batch.input_ids, batch.positions)
 
     def _validate(self, scheduled: Mapping[str, Sequence[int]]) -> tuple[list[RequestState], list[list[int]]]:
         if not isinstance(scheduled, Mapping):
@@ -303,6 +325,8 @@ class ModelRunner:
         """Release the graphs (and, on a GPU, their memory pool). Eager steps still work afterwards."""
         if self.cudagraph_manager is not None:
             self.cudagraph_manager.reset()
+        for wrapper in self.piecewise_wrappers():
+            wrapper.release()
 
 
 def resolve_runner_cudagraph_mode(policy: CUDAGraphMode, attn_groups: Sequence[AttentionGroup],

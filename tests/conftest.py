@@ -45,20 +45,32 @@ def small_config() -> ToyConfig:
 
 @pytest.fixture
 def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Graph replays served while the test runs, by mode ("full", "piecewise"): counted where the
-    manager really replays (``CudaGraphManager.replay``), so a run whose steps all went eager, or a
-    descriptor that claims a graph the step never replayed, shows up as a missing count."""
+    """Steps served by graph replays while the test runs, by mode ("full", "piecewise"): counted where
+    graphs really replay (``CudaGraphManager.run_fullgraph``; a ``CUDAGraphWrapper``'s replay, once
+    per forward pass however many pieces it has), so a run whose steps all went eager, or a descriptor
+    that claims a graph the step never replayed, shows up as a missing count."""
+    from cglab.compilation import CUDAGraphWrapper
     from cglab.cudagraph_utils import CudaGraphManager
+    from cglab.forward_context import get_forward_context
 
     counts: Counter[str] = Counter()
-    original = CudaGraphManager.replay
+    run_fullgraph, replay_piece = CudaGraphManager.run_fullgraph, CUDAGraphWrapper._replay
+    passes: list[Any] = []  # the forward contexts that replayed a piece (kept, so no id is reused)
 
-    def counting_replay(self: CudaGraphManager, desc: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(self, desc, *args, **kwargs)
+    def counting_run_fullgraph(self: CudaGraphManager, desc: Any) -> Any:
+        out = run_fullgraph(self, desc)
         counts[desc.cg_mode.value] += 1
         return out
 
-    monkeypatch.setattr(CudaGraphManager, "replay", counting_replay)
+    def counting_replay_piece(self: CUDAGraphWrapper, entry: Any) -> None:
+        replay_piece(self, entry)
+        context = get_forward_context()
+        if not any(context is seen for seen in passes):
+            passes.append(context)
+            counts[context.cg_mode.value] += 1
+
+    monkeypatch.setattr(CudaGraphManager, "run_fullgraph", counting_run_fullgraph)
+    monkeypatch.setattr(CUDAGraphWrapper, "_replay", counting_replay_piece)
     return counts
 
 

@@ -73,7 +73,7 @@ def test_a_same_pointer_view_with_other_strides_is_a_replacement(mode: str) -> N
 
 
 def _total_replays(runner: ModelRunner) -> int:
-    return sum(e.replays for e in runner.cudagraph_manager.graphs.values())
+    return sum(runner.graph_replays().values())
 
 
 def _eager_reference() -> ModelRunner:

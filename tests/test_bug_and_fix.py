@@ -66,7 +66,7 @@ def test_legacy_graph_never_writes_guarded_state(device):
     for step in range(8):
         out = runner.step({f"r{i}": [step + i] for i in range(1 + step % 4)})
         assert out.descriptor.cg_mode.name == "PIECEWISE"
-    assert sum(e.replays for e in runner.cudagraph_manager.graphs.values()) == 8
+    assert sum(runner.graph_replays().values()) == 8
     changed = {k: not v.equal(after_prefill[k]) for k, v in runner.state_tensors().items()}
     assert changed == {"layers.0.sconv.conv_state": False, "layers.1.attn.kv_cache": True,
                        "layers.2.compressor.state_cache": False, "layers.2.compressor.compressed_cache": False,
@@ -110,7 +110,7 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
     for step in range(6):
         batch = {f"r{i}": [(step + i) % config.vocab_size] for i in range(1 + step % 4)}
         worst = max(worst, (runner.step(batch).logits - reference.step(batch).logits).abs().max().item())
-    assert sum(e.replays for e in runner.cudagraph_manager.graphs.values()) == 6  # every decode step replayed
+    assert sum(runner.graph_replays().values()) == 6  # every decode step replayed
     assert worst > 0.05  # the graph reads the capture batch's tap slots, not the live ones
     # Writes use the slot mapping, which is a persistent buffer: the state stays right, the reads do not.
     assert state_differences(runner, reference)["layers.0.sconv.conv_state"] < 1e-4
@@ -135,7 +135,8 @@ def test_legacy_guarded_graph_records_nothing_for_the_layer(device):
     config = ToyConfig(layers=("sconv",), capture_sizes=(2,))
     fixed = ModelRunner(config, "piecewise", device=device)
     legacy = ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True), device=device)
-    (f,), (g,) = fixed.cudagraph_manager.graphs.values(), legacy.cudagraph_manager.graphs.values()
+    desc = next(iter(fixed.graph_replays()))
+    (f,), (g,) = fixed.captured_graphs(desc), legacy.captured_graphs(desc)
     # The sconv op's own kernels on the captured batch shape: with live metadata, and with none.
     for r in ("a", "b"):
         fixed.add_request(r)
@@ -151,9 +152,9 @@ def test_legacy_guarded_graph_records_nothing_for_the_layer(device):
 
     working, skipped = sconv_ops(metadata), sconv_ops(None)
     assert skipped == 1 < working  # no metadata: only the copy of the input
-    assert (f.graph.num_segments, g.graph.num_segments) == (1, 1)
+    assert (f.num_segments, g.num_segments) == (1, 1)
     # Exactly the sconv's work is missing from the legacy graph: the rest of the layer is recorded.
-    assert f.graph.num_ops - g.graph.num_ops == working - skipped
+    assert f.num_ops - g.num_ops == working - skipped
 
 
 class RandomCachesRunner(ModelRunner):
@@ -177,7 +178,7 @@ def test_capture_does_not_touch_caches(device, mode, flavor, layers):
     tokens complete compressor groups: still no cache row may change, not even by a bit."""
     config = ToyConfig(layers=layers, max_num_reqs=1, capture_sizes=(4, 8))
     runner = RandomCachesRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device)
-    assert len(runner.cudagraph_manager.graphs) == 2
+    assert len(runner.graph_replays()) == 2
     for name, tensor in runner.state_tensors().items():
         assert torch.equal(tensor, runner.before_capture[name]), name
     runner.close()

@@ -66,5 +66,4 @@ def test_plain_full_replays_a_mixed_batch():
     runner.add_request("b", num_prompt_tokens=3)
     out = runner.step({"a": [4], "b": [5, 6, 7]})  # a decode beside a whole prompt: 4 tokens
     assert str(out.descriptor) == "FULL(tokens=4, reqs=2)"
-    entry = runner.cudagraph_manager.graphs[out.descriptor]
-    assert entry.replays == 1
+    assert runner.graph_replays()[out.descriptor] == 1

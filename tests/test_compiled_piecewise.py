@@ -17,10 +17,10 @@ from cglab import (
     set_forward_context,
 )
 from cglab.cli import main
-from cglab.compilation import PiecewiseGraph
 from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
 from cglab.compilation_config import CompilationConfig
 from cglab.graphs import get_backend
+from cglab.lab.anatomy import graph_pieces
 
 CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
 
@@ -44,16 +44,14 @@ def _replayed(result, replays) -> bool:  # type: ignore[no-untyped-def]
 
 def test_graph_is_split_at_attention_into_pieces(device):
     runner = ModelRunner(CONFIG, "piecewise", device=device)
-    compiled = runner.cudagraph_manager.compiled
+    compiled = runner.compiled_backend
     kinds = [("splitting op" if item.is_splitting_graph else "piece") for item in compiled.items]
     assert kinds == ["piece", "splitting op", "piece", "splitting op", "piece"]
     assert sorted(compiled.wrappers) == ["submod_0", "submod_2", "submod_4"]  # splitting ops stay unwrapped
-    graph = runner.cudagraph_manager.graphs[next(iter(runner.cudagraph_manager.graphs))].graph
-    assert isinstance(graph, PiecewiseGraph) and (graph.num_segments, graph.num_eager_breaks) == (3, 2)
-    first, second = graph.describe().splitlines()[1:3]
-    assert first.startswith("submod_0: ") and first.endswith(" ops (graph)")  # inductor fuses on a GPU
-    assert (first == "submod_0: 25 ops (graph)") == (device == "cpu")
-    assert second == "submod_1: eager cglab::unified_attention"
+    first, second = graph_pieces(runner)[:2]  # the largest PIECEWISE descriptor
+    assert (first.name, first.eager, second.name, second.eager) == ("submod_0", False, "submod_1", True)
+    assert (first.num_ops == 25) == (device == "cpu")  # inductor fuses on a GPU
+    assert second.op == "cglab::unified_attention"
     runner.close()
 
 
@@ -61,7 +59,7 @@ def test_compiles_once_and_every_piece_replays(device):
     """One trace with a symbolic token count serves capture at every size and every eager step;
     each piece's graph is replayed once per PIECEWISE step of its size (counted, not assumed)."""
     runner = ModelRunner(CONFIG, "piecewise", device=device)
-    compiled = runner.cudagraph_manager.compiled
+    compiled = runner.compiled_backend
     modes = _decode(runner, 8)
     assert compiled.num_compiles == 1
     assert all(m.startswith("PIECEWISE") for m in modes)
@@ -74,18 +72,21 @@ def test_full_graphs_are_captured_from_the_compiled_model(device):
     """Under FULL the piece wrappers step aside (the mode is not theirs) and one graph holds everything."""
     runner = ModelRunner(CONFIG, "full_and_piecewise", device=device)
     manager = runner.cudagraph_manager
-    assert manager.compiled is not None and manager.compiled.num_compiles == 1
+    assert runner.compiled_backend is not None and runner.compiled_backend.num_compiles == 1
     assert manager.captured_sizes == {CUDAGraphMode.PIECEWISE: [1, 2, 4], CUDAGraphMode.FULL: [1, 2, 4]}
-    full = [e.graph for d, e in manager.graphs.items() if d.cg_mode is CUDAGraphMode.FULL]
+    assert all(d.cg_mode is CUDAGraphMode.FULL for d in manager.graphs)  # the manager holds FULL graphs only
+    full = [e.graph for e in manager.graphs.values()]
     assert all(g.num_segments == 1 and g.num_eager_breaks == 0 for g in full)
     assert all(m.startswith("FULL") for m in _decode(runner, 4))
     runner.close()
 
 
-def test_full_only_policy_compiles_the_graph_whole(device):
+def test_full_only_policy_splits_the_graph_and_wraps_nothing(device):
+    """As vLLM since #20059: the split stays, and the FULL graph is captured around the split model."""
     runner = ModelRunner(CONFIG, "full", device=device)
-    compiled = runner.cudagraph_manager.compiled
-    assert [item.is_splitting_graph for item in compiled.items] == [False] and not compiled.wrappers
+    compiled = runner.compiled_backend
+    assert [item.is_splitting_graph for item in compiled.items] == [False, True, False, True, False]
+    assert not compiled.wrappers and not runner.piecewise_wrappers()
     runner.close()
 
 
@@ -123,7 +124,7 @@ def test_a_recompile_is_impossible(device):
     runner.step({"a": list(range(1, 40))}, eager=True)  # 39 tokens: above every capture size
     with set_forward_context(None):  # a profiling run, outside inference mode
         runner.forward_model(runner.input_buffers.input_ids[:3], runner.input_buffers.positions[:3])
-    assert runner.cudagraph_manager.compiled.num_compiles == 1
+    assert runner.compiled_backend.num_compiles == 1
     runner.close()
 
 
@@ -166,7 +167,7 @@ def test_check_exits_one_on_divergence(capsys):
 
 def test_a_wrapper_never_captures_while_serving(device):
     runner = ModelRunner(CONFIG, "piecewise", device=device)
-    wrapper = runner.cudagraph_manager.compiled.wrappers["submod_0"]
+    wrapper = runner.compiled_backend.wrappers["submod_0"]
     wrapper.entries.clear()  # as if size 1 had never been captured
     runner.add_request("a")
     runner.step({"a": [1, 2]}, eager=True)
@@ -183,7 +184,7 @@ def test_the_token_dimension_is_traced_symbolic(device):
     would fail its shape checks, or read and write the wrong rows.
     """
     runner = ModelRunner(CONFIG, "piecewise", device=device)
-    compiled = runner.cudagraph_manager.compiled
+    compiled = runner.compiled_backend
     # The forward's own inputs (token ids, positions); the others are the model's weights and caches.
     inputs = [node.meta["example_value"] for node in compiled.split_gm.graph.nodes
               if node.op == "placeholder" and not node.name.startswith("l_self_")]

@@ -202,7 +202,7 @@ def test_missing_metadata_in_a_strict_layer_names_the_fix() -> None:
 
 def test_replaying_a_shape_that_was_never_captured(runner: ModelRunner) -> None:
     never = BatchExecutionDescriptor(CUDAGraphMode.FULL, 3, 3)
-    fix = _message(lambda: runner.cudagraph_manager.replay(never), CaptureError)
+    fix = _message(lambda: runner.cudagraph_manager.run_fullgraph(never), CaptureError)
     assert "a shape the graph was not captured for" in fix and "CudagraphDispatcher.dispatch()" in fix
 
 

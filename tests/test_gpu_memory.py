@@ -26,7 +26,7 @@ def _capture_step_close(config: ToyConfig) -> int:
     peak = 0
     for mode in ("piecewise", "full"):
         runner = ModelRunner(config, mode, device="cuda")
-        assert runner.cudagraph_manager is not None and runner.cudagraph_manager.graphs
+        assert runner.graph_replays()
         runner.add_request("a")
         runner.step({"a": [1, 2, 3]}, eager=True)
         assert runner.step({"a": [4]}).descriptor.cg_mode.name == mode.upper()  # a graph replayed

@@ -170,6 +170,8 @@ def test_every_graph_is_captured_after_one_eager_warmup(device):
     """vLLM's procedure, per graph: an eager warmup on the dummy batch inside the warmup context, then
     the capture. FULL graphs (and breakable PIECEWISE) get fresh metadata for the capture, not the
     warmup's (see the tests above); a compiled PIECEWISE graph runs one forward twice, as in vLLM.
+    A FULL graph records the forward run in mode NONE (the piece wrappers step aside); a PIECEWISE
+    capture runs it in mode PIECEWISE, and the wrappers capture.
 
     On the simulator a skipped warmup changes no value: nothing in the toy initialises lazily per
     size, and the profiling run compiled the model already. The warmup is there for a GPU, where
@@ -179,8 +181,8 @@ def test_every_graph_is_captured_after_one_eager_warmup(device):
     config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=2, capture_sizes=(1, 2))
     compiled = ProcedureRunner(config, "full_and_piecewise", device=device).log
     pw, full = "PIECEWISE(tokens={}, reqs=any)", "FULL(tokens={0}, reqs={0}, uniform=1)"
-    compiled_pw = ("forward", "run NONE (warmup context)", "run PIECEWISE (warmup context)")
-    full_steps = ("warmup forward", "run NONE (warmup context)", "forward", "run FULL")
+    compiled_pw = ("forward", "run NONE (warmup context)", "run PIECEWISE")
+    full_steps = ("warmup forward", "run NONE (warmup context)", "forward", "run NONE")
     assert compiled == [*_procedure(pw.format(2), *compiled_pw), *_procedure(pw.format(1), *compiled_pw),
                         *_procedure(full.format(2), *full_steps), *_procedure(full.format(1), *full_steps)]
     breakable = ProcedureRunner(config, CompilationConfig("piecewise", use_breakable_cg=True), device=device).log

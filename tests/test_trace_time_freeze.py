@@ -14,7 +14,7 @@ STATEFUL_OPS = {"cglab::short_conv", "cglab::compressor"}
 
 def _traced_ops(runner: ModelRunner) -> set[str]:
     """Every custom op in the FX graph dynamo traced for the runner's compiled model."""
-    backend = runner.cudagraph_manager.compiled
+    backend = runner.compiled_backend
     return {name for item in backend.items for node in item.graph.graph.nodes if (name := op_name(node))}
 
 

@@ -17,6 +17,7 @@ from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, 
 from cglab.bench import BenchConfig, run_bench
 from cglab.compilation_config import CompilationConfig
 from cglab.lab import divergence
+from cglab.lab.anatomy import graph_pieces
 from cglab.lab.divergence import CHUNKED_STEPS, PREFILL_CHUNK, divergence_control_state, divergence_notes
 from cglab.lab.draw import (
     describe_environment,
@@ -150,7 +151,7 @@ def test_verdict_table_passes_options_and_marks_failed_captures():
 
 def test_pictures_of_graphs_and_padding():
     runner = ModelRunner(ToyConfig(capture_sizes=(4,)), "full_and_piecewise")
-    graphs = {str(d): e.graph for d, e in runner.cudagraph_manager.graphs.items()}
+    graphs = {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}
     assert len(draw_graph_anatomy(graphs).axes) == 1
     dispatcher = CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)
     assert len(draw_padding(dispatcher, 10).axes[0].lines) == 3  # two modes and the no-padding line
@@ -424,7 +425,7 @@ HELPER_CASES = {
     "draw_caches with one slot": (lambda: draw_caches(ModelRunner(ToyConfig()), 5), "a list of slot numbers"),
     "draw_caches of no runner": (lambda: draw_caches(None), "takes the ModelRunner"),
     "draw_graph_anatomy of nothing": (lambda: draw_graph_anatomy({}), "with at least one graph"),
-    "draw_capture_support of no size": (lambda: draw_capture_support(4, []), "at least one token count"),
+    "draw_capture_support of no size": (lambda: draw_capture_support(4, []), "give at least one capture size"),
     "describe_step of no step": (lambda: describe_step(None), "what ModelRunner.prepare_step returns"),
 }
 

@@ -24,7 +24,6 @@ from cglab.compilation import CompiledModel
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import ConfigError
-from cglab.forward_context import set_forward_context
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
@@ -207,15 +206,17 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
         with OpCounter() as counter:
             runner.execute(prepared)
         return counter.count, counter.count, 0, 0
-    assert runner.cudagraph_manager is not None
-    graph = runner.cudagraph_manager.graphs[desc].graph
+    graphs = runner.captured_graphs(desc)
     counter = OpCounter()
-    segments = [step for step in graph.steps if isinstance(step, GraphSegment)]
-    with torch.inference_mode(), set_forward_context(prepared.attn_metadata, desc.cg_mode, desc), \
-            _uncounted(segments, counter), counter:
-        graph.replay()
+    segments = [step for graph in graphs for step in graph.steps if isinstance(step, GraphSegment)]
+    with _uncounted(segments, counter), counter:
+        runner.execute(prepared)
     eager_ops = counter.count
-    return graph.num_segments + eager_ops, graph.num_ops + eager_ops, graph.num_segments, graph.num_eager_breaks
+    # The eager breaks: a breakable graph's eager steps, or the splitting ops between compiled pieces.
+    compiled = runner.compiled_backend
+    breaks = (sum(item.is_splitting_graph for item in compiled.items) if compiled is not None and
+              desc.cg_mode is CUDAGraphMode.PIECEWISE else sum(graph.num_eager_breaks for graph in graphs))
+    return len(segments) + eager_ops, sum(s.num_ops for s in segments) + eager_ops, len(segments), breaks
 
 
 def _row(mode: str, batch_size: int, backend: str, samples: Samples, config: BenchConfig, runner: ModelRunner,

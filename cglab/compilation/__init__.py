@@ -5,10 +5,10 @@ vLLM: ``vllm/compilation/``. ``CompiledModel`` compiles once with a symbolic tok
 ``CUDAGraphWrapper``, which captures on first use for each batch descriptor and replays after.
 """
 
-from cglab.compilation.backends import CglabBackend, PiecewiseGraph, SplitItem, split_graph
+from cglab.compilation.backends import CglabBackend, SplitItem, split_graph
 from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
 from cglab.compilation.wrapper import CompiledModel
 from cglab.custom_ops import direct_register_custom_op, registered_op_names
 
-__all__ = ["CUDAGraphWrapper", "CglabBackend", "CompiledModel", "PiecewiseGraph", "SplitItem",
+__all__ = ["CUDAGraphWrapper", "CglabBackend", "CompiledModel", "SplitItem",
            "cudagraph_capturing_enabled", "direct_register_custom_op", "registered_op_names", "split_graph"]

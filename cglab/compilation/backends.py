@@ -7,7 +7,8 @@ graph becomes a chain of submodules: pieces, and splitting ops between them. Eac
 (inductor on a GPU; on a CPU the FX piece runs as it is, so the simulator records its aten ops and
 no C++ toolchain is needed) and, when the policy captures PIECEWISE graphs, wrapped in a
 ``CUDAGraphWrapper``. The splitting ops are neither compiled nor wrapped: they run eagerly at every
-step, so they read the live metadata. Everything inside a piece is frozen at capture.
+PIECEWISE step, so they read the live metadata. The split stays under every policy: a FULL graph is
+captured around the split model (vLLM #20059), and a batch with no graph runs it eagerly.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import torch
 from torch.fx.passes.split_module import split_module
 
 from cglab.compilation.cuda_graph import CUDAGraphWrapper
-from cglab.errors import CaptureError, ConfigError
-from cglab.graphs import CapturedGraph, EagerStep, GraphBackend, GraphSegment
-from cglab.graphs.capture_driver import Step
+from cglab.errors import ConfigError
+from cglab.graphs import GraphBackend
 
 COMPILERS = ("eager", "inductor")
 COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
@@ -92,13 +92,13 @@ class CglabBackend:
     """A ``torch.compile`` backend: split, compile each piece, wrap each piece for PIECEWISE capture.
 
     ``compiler``: ``"eager"`` runs each FX piece as it is (CPU); ``"inductor"`` compiles it for the
-    symbolic token count, once (GPU). ``piecewise=False`` (FULL-only policies) keeps the graph whole.
+    symbolic token count, once (GPU). ``piecewise=False`` (FULL-only policies) splits but wraps nothing.
     """
 
     def __init__(self, graph_backend: GraphBackend, splitting_ops: Sequence[str], *, piecewise: bool,
                  compiler: str = "eager", check_addresses: bool = False) -> None:
         self.graph_backend = graph_backend
-        self.splitting_ops = tuple(splitting_ops) if piecewise else ()
+        self.splitting_ops = tuple(splitting_ops)
         self.piecewise = piecewise
         self.compiler = compiler
         self.check_addresses = check_addresses
@@ -115,65 +115,11 @@ class CglabBackend:
             _InductorPieces(self.split_gm, pieces).run(*example_inputs)
         if self.piecewise:
             for name in pieces:
-                runnable = getattr(self.split_gm, name)
-                wrapper = CUDAGraphWrapper(runnable, self.graph_backend, name, check_addresses=self.check_addresses)
-                # Not setattr: a GraphModule child must be a Module, and the wrapper is not one.
-                self.split_gm.__dict__[name] = wrapper
+                wrapper = CUDAGraphWrapper(getattr(self.split_gm, name), self.graph_backend, name,
+                                           check_addresses=self.check_addresses)
+                setattr(self.split_gm, name, wrapper)  # a submodule of the split graph, as upstream
                 self.wrappers[name] = wrapper
         return self.split_gm
-
-    def piecewise_graph(self, desc: Any, run: Callable[[], torch.Tensor], output: torch.Tensor) -> PiecewiseGraph:
-        """What capturing ``desc`` made, as one replayable object (see ``PiecewiseGraph``)."""
-        pieces: list[tuple[str, Step]] = []
-        for item in self.items:
-            wrapper = self.wrappers.get(item.submod_name)
-            if wrapper is None:
-                pieces.append((item.submod_name, SplittingOpStep(item.submod_name, splitting_op_called(item))))
-            else:
-                pieces.extend((item.submod_name, step) for step in wrapper.entries[desc].graph.steps)
-        return PiecewiseGraph(self, desc, pieces, run, output)
-
-
-class SplittingOpStep(EagerStep):
-    """A splitting op between two pieces: it runs eagerly inside every compiled forward."""
-
-    def __init__(self, submod_name: str, op: str) -> None:
-        super().__init__(lambda: None, (), {})
-        self.name = f"{op} ({submod_name})"
-
-
-class PiecewiseGraph(CapturedGraph):
-    """The graphs of one descriptor under compiled PIECEWISE: one per piece, splitting ops between.
-
-    There is no single graph to launch: ``replay()`` runs the compiled forward again, where each
-    piece's wrapper replays its graph and each splitting op runs eagerly with the live metadata.
-    """
-
-    def __init__(self, backend: CglabBackend, desc: Any, pieces: list[tuple[str, Step]],
-                 run: Callable[[], torch.Tensor], output: torch.Tensor) -> None:
-        super().__init__(backend.graph_backend.name, [step for _, step in pieces], f"compiled PIECEWISE {desc}")
-        self.pieces = pieces  # (submodule name, its graph segment or its splitting op), in order
-        self._backend, self._desc, self._run, self.output = backend, desc, run, output
-
-    def describe(self) -> str:
-        head, *_ = super().describe().splitlines()
-        lines = [f"{name}: {step.num_ops} ops (graph{', empty' if not step.num_ops else ''})"
-                 if isinstance(step, GraphSegment) else f"{name}: eager {step.name.split(' (')[0]}"
-                 for name, step in self.pieces]
-        return "\n".join([head, *lines])
-
-    def replay(self) -> None:
-        if self._is_reset:
-            raise CaptureError("this graph was reset (its memory freed); capture it again to replay")
-        out = self._run()
-        if out is not self.output:  # the last piece's static output, unless a splitting op ends the model
-            self.output.copy_(out)
-
-    def reset(self) -> None:
-        for wrapper in self._backend.wrappers.values():
-            wrapper.release(self._desc)
-        self._run = lambda: self.output
-        self._is_reset = True
 
 
 class _InductorPieces(torch.fx.Interpreter):

@@ -1,9 +1,10 @@
-"""``CUDAGraphWrapper``: one compiled piece, captured once per batch descriptor, replayed after.
+"""``CUDAGraphWrapper``: a runnable captured once per batch descriptor, replayed after.
 
-vLLM: ``vllm/compilation/cuda_graph.py``. The wrapper reads the runtime mode and the batch
-descriptor from the forward context. A mode other than its own (NONE for eager steps and warmup,
-FULL while the whole forward is being captured around it) means: just run the piece. Its own mode
-means: replay the graph of this descriptor, or capture one if there is none yet.
+vLLM: ``vllm/compilation/cuda_graph.py`` (one per compiled piece) and
+``vllm/compilation/breakable_cudagraph.py`` (around the whole model, ``breakable=True``). The wrapper
+reads the runtime mode and the batch descriptor from the forward context. A mode other than its own
+(NONE for eager steps, warmup, and a FULL graph being captured around it) means: just run. Its own
+mode means: replay the graph of this descriptor, or capture one if there is none yet.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from cglab.config import CUDAGraphMode
 from cglab.errors import AddressChangedError, CaptureError
@@ -43,25 +45,29 @@ class CUDAGraphEntry:
     replays: int = 0  # how often this graph served a step (a test that never replays proves nothing)
 
 
-class CUDAGraphWrapper:
-    """Wraps ``runnable`` (one piece between two splitting ops) for one runtime mode.
+class CUDAGraphWrapper(nn.Module):
+    """Wraps ``runnable`` (a piece between two splitting ops, or with ``breakable=True`` the whole
+    model, split where its eager breaks are called) for one runtime mode.
 
     ``check_addresses`` is vLLM's debug check: the positional tensor arguments must live where they
-    lived at capture. It sees only the arguments; metadata a piece reads from the forward context is
-    beyond it (cglab's ``CudaGraphManager`` checks that too).
+    lived at capture. It sees only the arguments; metadata read from the forward context is beyond
+    it (cglab's ``CudaGraphManager`` checks that too).
     """
 
     def __init__(self, runnable: Callable[..., Any], backend: GraphBackend, name: str,
-                 runtime_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, check_addresses: bool = False) -> None:
+                 runtime_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, check_addresses: bool = False,
+                 breakable: bool = False) -> None:
         assert runtime_mode is not CUDAGraphMode.NONE, "a wrapper must have a graph mode"
-        self.runnable = runnable
+        super().__init__()
+        self.runnable = runnable  # a submodule when it is one (an FX piece, the model)
+        self.breakable = breakable
         self.backend = backend
         self.name = name
         self.runtime_mode = runtime_mode
         self.check_addresses = check_addresses
         self.entries: dict[Any, CUDAGraphEntry] = {}
 
-    def __call__(self, *args: Any) -> Any:
+    def forward(self, *args: Any) -> Any:
         context = get_forward_context()
         if context.cg_mode is not self.runtime_mode:
             return self.runnable(*args)
@@ -74,16 +80,19 @@ class CUDAGraphWrapper:
             return self._capture(desc, args)
         if self.check_addresses:
             self._check(desc, entry, args)
+        self._replay(entry)
+        return entry.output
+
+    def _replay(self, entry: CUDAGraphEntry) -> None:
         entry.graph.replay()
         entry.replays += 1
-        return entry.output
 
     def _capture(self, desc: Any, args: tuple[Any, ...]) -> Any:
         if not _capturing_enabled:
             captured = ", ".join(map(str, self.entries)) or "none"
             raise CaptureError(f"{self.name} has no graph for {desc} (captured: {captured}) and graphs are only "
                                "captured at start-up; dispatch the batch to a captured size or run it eagerly")
-        graph, output = self.backend.capture(lambda: self.runnable(*args))
+        graph, output = self.backend.capture(lambda: self.runnable(*args), breakable=self.breakable)
         addresses = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
         self.entries[desc] = CUDAGraphEntry(graph, output, addresses)
         return output
@@ -96,8 +105,8 @@ class CUDAGraphWrapper:
                 f"{self.name}, {desc}: tensor argument(s) {moved} live elsewhere than at capture, so the graph "
                 "would read stale memory; pass the same (persistent) tensors at every replay")
 
-    def release(self, desc: Any) -> None:
-        """Drop the graph of ``desc`` (its memory returns to the pool once nothing uses it)."""
-        entry = self.entries.pop(desc, None)
-        if entry is not None:
+    def release(self) -> None:
+        """Drop every graph (their memory returns to the pool once nothing uses it)."""
+        for entry in self.entries.values():
             entry.graph.reset()
+        self.entries.clear()

@@ -13,13 +13,17 @@ from __future__ import annotations
 import contextlib
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from cglab.compilation.backends import CglabBackend
+from cglab.compilation.cuda_graph import CUDAGraphWrapper
+from cglab.compilation_config import CompilationConfig
+from cglab.config import CUDAGraphMode
 from cglab.errors import CaptureError
+from cglab.graphs import GraphBackend
 
 
 def fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
@@ -76,3 +80,25 @@ class CompiledModel:
                 "piecewise_flavor='breakable', which does not compile") from exc
         self.compile_seconds = time.perf_counter() - start
         return out
+
+
+def build_forward_model(model: nn.Module, cc: CompilationConfig, policy: CUDAGraphMode, graph_backend: GraphBackend,
+                        splitting_ops: Sequence[str], compiler: str, check_addresses: bool) -> nn.Module:
+    """What every step calls: the model through torch.compile, split at ``splitting_ops`` with a
+    ``CUDAGraphWrapper`` per piece where the policy captures PIECEWISE graphs; or (breakable) the plain
+    model, inside one breakable wrapper where it does. The target and the drafter both build theirs here."""
+    piecewise = CUDAGraphMode.PIECEWISE in policy.runtime_modes()
+    if not cc.use_breakable_cg:
+        return CompiledModel(model, CglabBackend(graph_backend, splitting_ops, piecewise=piecewise,
+                                                 compiler=compiler, check_addresses=check_addresses))
+    if piecewise:
+        return CUDAGraphWrapper(model, graph_backend, type(model).__name__, check_addresses=check_addresses,
+                                breakable=True)
+    return model
+
+
+def piecewise_wrappers(forward_model: object) -> list[CUDAGraphWrapper]:
+    """The wrappers holding ``build_forward_model``'s PIECEWISE graphs."""
+    if isinstance(forward_model, CompiledModel):
+        return list(forward_model.backend.wrappers.values())
+    return [forward_model] if isinstance(forward_model, CUDAGraphWrapper) else []

@@ -309,7 +309,7 @@ class GraphBackend(ABC):
         """Where warmup runs must happen (the capture stream on CUDA)."""
         return contextlib.nullcontext()
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 - nothing to wait for unless a backend queues work
         """Wait for queued device work (for timing)."""
 
     def memory_in_use(self) -> int | None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from cglab.batch import BatchExecutionDescriptor
-from cglab.compilation import CUDAGraphWrapper, PiecewiseGraph
+from cglab.compilation import CUDAGraphWrapper
 from cglab.compilation.backends import op_name
 from cglab.config import CUDAGraphMode
 from cglab.custom_ops import custom_op_impl, registered_op_names
@@ -97,15 +97,14 @@ def steps_as_pieces(graph: CapturedGraph) -> list[Piece]:
 
 
 def _descriptor(runner: ModelRunner, desc: BatchExecutionDescriptor | None) -> BatchExecutionDescriptor:
-    manager = runner.cudagraph_manager
-    if manager is None or not manager.graphs:
+    captured = runner.graph_replays()
+    if not captured:
         raise ConfigError("this runner captured no graphs (mode 'none', or closed); "
                           "build one with a graph mode such as 'piecewise'")
     if desc is None:
-        return next(iter(manager.graphs))  # the first one captured: the largest of the first mode
-    if desc not in manager.graphs:
-        captured = ", ".join(map(str, manager.graphs))
-        raise ConfigError(f"no graph was captured for {desc}; captured: {captured}")
+        return next(iter(captured))  # the first one captured: the largest of the first mode
+    if desc not in captured:
+        raise ConfigError(f"no graph was captured for {desc}; captured: {', '.join(map(str, captured))}")
     return desc
 
 
@@ -117,11 +116,12 @@ def graph_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = No
     Breakable PIECEWISE and FULL: the recorded segments and eager steps of the one capture.
     """
     desc = _descriptor(runner, desc)
-    manager = runner.cudagraph_manager
+    manager, compiled = runner.cudagraph_manager, runner.compiled_backend
     assert manager is not None
-    graph, compiled = manager.graphs[desc].graph, manager.compiled
-    if not isinstance(graph, PiecewiseGraph) or compiled is None:
-        return steps_as_pieces(graph)
+    if desc.cg_mode is CUDAGraphMode.FULL:
+        return steps_as_pieces(manager.graphs[desc].graph)
+    if compiled is None:  # breakable: the one wrapper around the model
+        return steps_as_pieces(runner.piecewise_wrappers()[0].entries[desc].graph)
     pieces = []
     for item in compiled.items:
         span, ops = _span_and_ops(item.graph)
@@ -135,8 +135,8 @@ def graph_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = No
 
 def _flavor(runner: ModelRunner, desc: BatchExecutionDescriptor) -> str:
     if desc.cg_mode is CUDAGraphMode.FULL:
-        compiled = runner.cudagraph_manager is not None and runner.cudagraph_manager.compiled is not None
-        return f"one capture of the {'compiled ' if compiled else ''}model"
+        compiled = runner.compiled_backend is not None
+        return f"one capture of the {'compiled, split ' if compiled else ''}model"
     if runner.compilation_config.use_breakable_cg:
         return "breakable, cut at its eager breaks"
     if not runner.splitting_ops:
@@ -173,7 +173,7 @@ def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None =
 
 def describe_replays(runner: ModelRunner) -> str:
     """How often each compiled piece's graph has replayed, per PIECEWISE descriptor it was captured for."""
-    compiled = runner.cudagraph_manager.compiled if runner.cudagraph_manager else None
+    compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers:
         raise ConfigError("no compiled PIECEWISE pieces here: build the runner with a policy that captures "
                           "PIECEWISE graphs, compiled (CompilationConfig(use_breakable_cg=False), the default)")
@@ -199,8 +199,7 @@ class _ReplayTracer:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        manager = runner.cudagraph_manager
-        self.compiled = manager.compiled if manager else None
+        self.compiled = runner.compiled_backend
         self.kernels = _op_of_impl()
         self.module_names = {id(m): name for name, m in runner.model.named_modules()}
         self.forward_code = ToyTransformer.forward.__code__
@@ -237,13 +236,13 @@ class _ReplayTracer:
             return f"{code.co_name}: the Python body of {self.kernels[code]}, run eagerly"
         if code.co_name == "replay" and isinstance(this, GraphSegment):
             return f"graph replay: {this.num_ops} ops, as recorded at capture"
-        if code.co_name == "replay" and isinstance(this, PiecewiseGraph):
-            return "PiecewiseGraph.replay: calls the compiled forward again"
+        if code.co_name == "run_fullgraph":
+            return "CudaGraphManager.run_fullgraph: replays the FULL graph, no forward context"
         if code.co_name == "replay" and isinstance(this, CapturedGraph):
             return None if self._parent_is_wrapper() else "CapturedGraph.replay: the recorded steps, in order"
         if code.co_name == "replay" and isinstance(this, EagerStep):
             return "EagerStep.replay"
-        if code.co_name == "__call__" and isinstance(this, CUDAGraphWrapper):
+        if code.co_name == "forward" and isinstance(this, CUDAGraphWrapper):
             mode = get_forward_context().cg_mode
             if mode is this.runtime_mode:
                 return f"CUDAGraphWrapper({this.name}): replays its graph for this descriptor"

@@ -192,8 +192,8 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
     fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
     ax = fig.add_subplot()
     if not isinstance(graphs, Mapping) or not graphs:
-        raise ConfigError("draw_graph_anatomy takes a dict {label: captured graph} with at least one graph, e.g. "
-                          "{str(d): e.graph for d, e in runner.cudagraph_manager.graphs.items()}")
+        raise ConfigError("draw_graph_anatomy takes a dict {label: captured graph or its pieces} with at least one "
+                          "graph, e.g. {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}")
     rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
     longest = max((sum(p.num_ops for p in pieces if not p.eager) for pieces in rows), default=0)
     eager_width = max(5.0, 0.05 * longest)  # wide enough for its label whatever the scale

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from cglab.batch import BatchExecutionDescriptor
-from cglab.compilation import PiecewiseGraph
+from cglab.config import CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs.sim import SimSegment
 from cglab.runner import ModelRunner
@@ -43,13 +43,12 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0",
     Needs a compiled PIECEWISE runner on the simulator (``device="cpu"``): only the simulator keeps
     the list of what it recorded.
     """
-    manager = runner.cudagraph_manager
-    compiled = manager.compiled if manager is not None else None
-    if manager is None or not manager.graphs or compiled is None or not compiled.wrappers:
+    compiled = runner.compiled_backend
+    if compiled is None or not compiled.wrappers or not runner.graph_replays():
         raise ConfigError("recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
                           "ModelRunner(config, 'piecewise') (compiled, the default)")
     if desc is None:
-        desc = next(d for d, entry in manager.graphs.items() if isinstance(entry.graph, PiecewiseGraph))
+        desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
     wrapper = compiled.wrappers.get(piece)
     if wrapper is None:
         names = [i.submod_name for i in compiled.items]

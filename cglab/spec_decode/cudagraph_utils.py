@@ -13,8 +13,8 @@ The drafter has two graph sets, one ``SpeculatorCudaGraphManager`` each:
 Their FULL and breakable captures prepare fresh dummy inputs and metadata for warmup and again for
 capture (vLLM #44253: metadata the warmup had initialised let the capture skip the kernels that
 initialise it); a compiled PIECEWISE draft prefill runs one forward, one set of metadata, for both, as
-the target's does. Either way the metadata comes from ``prepare_capture_metadata``, the very call the
-target's capture makes. So the legacy ``skip_attn`` switch reaches the drafter as it did upstream:
+the target's does. Either way the forward comes from ``create_capture_forward``, the very function the
+target's capture uses. So the legacy ``skip_attn`` switch reaches the drafter as it did upstream:
 compiled PIECEWISE draft prefill captured without metadata, while the FULL-only draft decode always
 got capture metadata.
 """
@@ -30,8 +30,7 @@ from cglab.batch import BatchExecutionDescriptor
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
-from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, prepare_capture_metadata
-from cglab.forward_context import set_forward_context
+from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, create_capture_forward
 from cglab.metadata import AttentionGroup
 
 # What a captured drafter routine is: run it for a descriptor and the requests its dummy batch holds.
@@ -58,21 +57,10 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
 
         ``reads(metadata)``: what the routine reads from outside its graph, checked before each replay.
         """
-        max_num_reqs = self.dispatcher.max_num_reqs
-
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
-            num_reqs = desc.num_reqs or min(desc.num_tokens, max_num_reqs)
-            attn_metadata = prepare_capture_metadata(desc, num_reqs, input_buffers, block_tables, attn_groups,
-                                                     compilation_config)
-
-            def call() -> torch.Tensor:
-                return routine(desc, num_reqs)
-
-            def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
-                with set_forward_context(attn_metadata, cg_mode, desc):
-                    return call()
-
-            return CaptureForward(forward, reads(attn_metadata), call)
+            return create_capture_forward(desc, self.dispatcher.max_num_reqs, input_buffers, block_tables,
+                                          attn_groups, compilation_config,
+                                          lambda num_reqs: routine(desc, num_reqs), reads)
 
         with torch.inference_mode():
             self.capture(create_forward_fn)

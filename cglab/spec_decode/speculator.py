@@ -32,7 +32,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher
 from cglab.buffers import InputBuffers, write_padded
-from cglab.compilation import CglabBackend, CompiledModel
+from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.config import OP_OF_KIND, CUDAGraphMode
 from cglab.cudagraph_utils import graph_reads, tensor_source
 from cglab.forward_context import set_forward_context
@@ -81,18 +81,16 @@ class AutoRegressiveSpeculator:
         self.decode_manager: SpeculatorCudaGraphManager | None = None
         backend = target.graph_backend
         if backend is not None:
-            compiled = None
-            if not target.compilation_config.use_breakable_cg:
-                # One compilation config for both models, as in vLLM: split at the target's
-                # splitting ops that the drafter has.
-                ops = [op for op in target.splitting_ops if op in {OP_OF_KIND[k] for _, k in self.model.layer_pairs}]
-                compiled = CglabBackend(backend, ops, piecewise=PIECEWISE in mode.runtime_modes(),
-                                        compiler=target.compile_backend, check_addresses=target.check_addresses)
-                self.forward_model = CompiledModel(self.model, compiled)
+            cc = target.compilation_config
+            # One compilation config for both models, as in vLLM: split at the target's splitting ops
+            # that the drafter has.
+            ops = [op for op in target.splitting_ops if op in {OP_OF_KIND[k] for _, k in self.model.layer_pairs}]
+            self.forward_model = build_forward_model(self.model, cc, mode, backend, ops, target.compile_backend,
+                                                     target.check_addresses)
             self.prefill_manager = SpeculatorCudaGraphManager(backend, self.prefill_dispatcher,
-                                                              target.check_addresses, compiled)
+                                                              target.check_addresses, not cc.use_breakable_cg)
             self.decode_manager = SpeculatorCudaGraphManager(backend, self.decode_dispatcher,
-                                                             target.check_addresses, compiled)
+                                                             target.check_addresses, not cc.use_breakable_cg)
             self.capture()
 
     # ------------------------------------------------------------ capture
@@ -191,14 +189,17 @@ class AutoRegressiveSpeculator:
         self.hidden_states[:padded].copy_(target_output[:padded, self.vocab_size:])
         # The draft prefill takes the target's descriptor: same policy, sizes and uniform_token_count.
         prefill = step.descriptor
-        with set_forward_context(step.attn_metadata, prefill.cg_mode, prefill):
-            if prefill.cg_mode is NONE:
-                self._sample_prefill(self._run_model(batch.num_tokens), num_reqs)
-            else:
+        if prefill.cg_mode is FULL:  # the graph samples too
+            assert self.prefill_manager is not None
+            self._check_reads(self.prefill_manager, prefill, step.attn_metadata)
+            self.prefill_manager.run_fullgraph(prefill)
+        else:  # eagerly, or PIECEWISE: the model's wrappers replay, sampling runs eagerly
+            if prefill.cg_mode is PIECEWISE:
                 assert self.prefill_manager is not None
-                out = self.prefill_manager.replay(prefill, self._live_reads(step.attn_metadata), self._source)
-                if prefill.cg_mode is PIECEWISE:
-                    self._sample_prefill(out, num_reqs)
+                self._check_reads(self.prefill_manager, prefill, step.attn_metadata)
+            with set_forward_context(step.attn_metadata, prefill.cg_mode, prefill):
+                self._sample_prefill(self._run_model(prefill.num_tokens if prefill.cg_mode is PIECEWISE
+                                                     else batch.num_tokens), num_reqs)
         last_positions = [seq - len(toks) + valid - 1 for seq, toks, valid in zip(step.seq_lens, tokens, num_valid)]
         decodes = [self._decode_step(step, last_positions, k) for k in range(1, self.num_speculative_tokens)]
         return self.draft_tokens[:num_reqs].tolist(), prefill, decodes
@@ -216,16 +217,19 @@ class AutoRegressiveSpeculator:
                                           self.target.block_tables, self.attn_groups, num_padded,
                                           (desc.num_reqs or num_reqs) if graph else num_reqs)
         self.current_draft_step.fill_(k)
-        with set_forward_context(attn_metadata, desc.cg_mode, desc):
-            if graph:
-                assert self.decode_manager is not None
-                self.decode_manager.replay(desc, self._live_reads(attn_metadata), self._source)
-            else:
+        if graph:  # FULL only: PIECEWISE graphs are not captured for draft decode
+            assert self.decode_manager is not None
+            self._check_reads(self.decode_manager, desc, attn_metadata)
+            self.decode_manager.run_fullgraph(desc)
+        else:
+            with set_forward_context(attn_metadata, desc.cg_mode, desc):
                 self._decode(num_reqs, k)
         return desc
 
-    def _live_reads(self, attn_metadata: Mapping[str, Any]) -> dict[str, torch.Tensor] | None:
-        return self._reads(attn_metadata) if self.target.check_addresses else None
+    def _check_reads(self, manager: SpeculatorCudaGraphManager, desc: BatchExecutionDescriptor,
+                     attn_metadata: Mapping[str, Any]) -> None:
+        if manager.check_addresses:
+            manager.check_reads(desc, self._reads(attn_metadata), self._source)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return self.model.state_tensors()
@@ -234,3 +238,5 @@ class AutoRegressiveSpeculator:
         for manager in (self.prefill_manager, self.decode_manager):
             if manager is not None:
                 manager.reset()
+        for wrapper in piecewise_wrappers(self.forward_model):
+            wrapper.release()

@@ -1,0 +1,88 @@
+"""The code path of one replayed step stays short: a reader can follow it file by file.
+
+One compiled-PIECEWISE ``ModelRunner.step`` after capture runs under ``sys.setprofile``. Every call
+that lands in a ``cglab/`` file is charged to the ``cglab/`` code that made it, found by walking back
+through torch's frames (dynamo, the generated split forward, ``nn.Module.__call__``). The path may
+not climb back into ``runner.py`` from a deeper module (as a replay that called back into a closure
+of the runner once did), and the files and file-to-file calls it touches are capped, so the path
+cannot grow back unseen. The step runs as on a GPU, without the simulator's address check (a debug
+aid that reads every cache through its layer before each replay); a test below bounds what it adds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from cglab import CompilationConfig, ModelRunner, ToyConfig
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cglab"
+MAX_FILES, MAX_CALLS = 14, 48
+
+
+def _cglab_file(frame: FrameType | None) -> str | None:
+    path = Path(frame.f_code.co_filename) if frame is not None else None
+    return path.relative_to(PACKAGE).as_posix() if path is not None and path.is_relative_to(PACKAGE) else None
+
+
+def _caller_in_cglab(frame: FrameType) -> str | None:
+    caller = frame.f_back
+    while caller is not None and _cglab_file(caller) is None:
+        caller = caller.f_back
+    return _cglab_file(caller)
+
+
+def step_calls(runner: ModelRunner, scheduled: dict[str, list[int]]) -> Counter[tuple[str, str]]:
+    """(caller file, callee file) of every call between two ``cglab/`` files during one step."""
+    calls: Counter[tuple[str, str]] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        callee = _cglab_file(frame)
+        caller = _caller_in_cglab(frame) if callee is not None else None
+        if caller is not None and caller != callee:
+            calls[caller, callee] += 1
+
+    sys.setprofile(profile)
+    try:
+        runner.step(scheduled)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def _piecewise_step(mode: str, check_addresses: bool = False) -> tuple[ModelRunner, Counter[tuple[str, str]]]:
+    runner = ModelRunner(ToyConfig(capture_sizes=(2,)), CompilationConfig(mode, check_addresses=check_addresses))
+    for name, prompt in (("a", [1, 2, 3]), ("b", [4, 5])):
+        runner.add_request(name)
+        runner.step({name: prompt}, eager=True)
+    runner.step({"a": [6], "b": [7]})  # first replay: anything lazy happens here, not in the counted step
+    return runner, step_calls(runner, {"a": [8], "b": [9]})
+
+
+def test_a_compiled_piecewise_step_never_climbs_back_into_the_runner() -> None:
+    runner, calls = _piecewise_step("piecewise")
+    assert {str(d): n for d, n in runner.graph_replays().items()} == {"PIECEWISE(tokens=2, reqs=any)": 2}
+    back = {caller: n for (caller, callee), n in calls.items() if callee == "runner.py"}
+    assert not back, f"calls back into runner.py from deeper modules: {back}"
+    files = {f for pair in calls for f in pair}
+    assert len(files) <= MAX_FILES, sorted(files)
+    assert sum(calls.values()) <= MAX_CALLS, calls.most_common()
+
+
+def test_the_full_step_is_no_longer_than_the_piecewise_one() -> None:
+    _, piecewise = _piecewise_step("piecewise")
+    _, full = _piecewise_step("full")
+    assert sum(full.values()) <= sum(piecewise.values())
+
+
+def test_the_address_check_adds_only_the_reads_of_the_caches() -> None:
+    _, plain = _piecewise_step("piecewise")
+    _, checked = _piecewise_step("piecewise", check_addresses=True)
+    added = checked - plain
+    assert {callee for _, callee in added} <= {"cudagraph_utils.py", "model.py", "layers/attention.py",
+                                               "layers/sconv.py", "layers/compressor.py"}, added
