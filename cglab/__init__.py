@@ -9,11 +9,9 @@ should be refused at once, not after the seconds it takes to import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 # First: under `python -m cglab`, a Ctrl-C during the seconds of importing torch gets one line.
 from cglab import _interrupt  # noqa: F401
+from cglab._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,7 +31,6 @@ _EXPORTS = {
     "cglab.repro": ("ReproResult", "run_repro"),
     "cglab.runner": ("ModelRunner", "StepOutput", "state_differences"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "PAD_SLOT_ID", "AddressChangedError", "AttentionCGSupport", "BatchExecutionDescriptor", "BlockTables",
@@ -45,15 +42,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module that holds ``name`` and keep the name here, so the next access is plain."""
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cglab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports("cglab", _EXPORTS, globals(), __all__)

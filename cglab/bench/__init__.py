@@ -10,8 +10,7 @@ graph segment; ``counted_launches`` counts them structurally on every backend).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cglab._lazy import lazy_exports
 
 # Imported on first use (PEP 562): ``python -m cglab`` reads the row kinds (``cglab.bench.modes``, no
 # torch) to build its parser, and must not import torch for it.
@@ -22,21 +21,9 @@ _EXPORTS = {
     "cglab.bench.modes": ("BENCH_MODES", "MODE_NAMES", "BenchMode"),
     "cglab.bench.run": ("run_bench",),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = ["BENCH_MODES", "CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "LIMIT_NOTE", "MODE_NAMES", "BenchConfig",
            "BenchMode", "BenchResult", "check_output", "load_results", "result_paths", "run_bench", "save_results"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module that holds ``name`` and keep the name here, so the next access is plain."""
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cglab.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports("cglab.bench", _EXPORTS, globals(), __all__)
