@@ -2,7 +2,7 @@
 
 nbval checks the saved outputs; this checks what a learner sees. A JupyterLab server (loopback, free
 port, token) serves an output-stripped copy of ``notebooks/``; headless Chromium opens the notebooks
-in JupyterLab, two tabs at a time, each notebook with a fresh kernel, runs Run All, and fails on an
+in JupyterLab, a few tabs at a time, each notebook with a fresh kernel, runs Run All, and fails on an
 error a cell shows without the ``raises-exception`` tag, a cell that never ran, a widget shown as
 text, a plot that did not load, or an error in the page (``lab_notebook``). Every explorer's controls
 are then moved, one at a time and in a burst, and the plot must follow; every control, a disabled one
@@ -54,9 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb")
                    if ".ipynb_checkpoints" not in p.parts)
 ARTIFACTS = ROOT / "build" / "e2e"
-# Notebooks running at once, one per tab (each with its kernel): the kernels are CPU-bound, so one
-# per core; E2E_TABS changes it.
-PARALLEL_TABS = int(os.environ.get("E2E_TABS", "2"))
+# Notebooks running at once, one per tab (each with its kernel). One per core left a core idle a third
+# of the time (measured on 2 cores: 238 s of CPU in 185 s), while tabs wait for redraws to settle; one
+# more tab than cores fills those waits (167 s there). E2E_TABS changes it.
+PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min((os.cpu_count() or 2) + 1, 4))))
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
 SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
