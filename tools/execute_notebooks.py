@@ -22,20 +22,34 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
-def execute(path: Path, timeout: int, save: bool = True, slowest: int = 0) -> float:
-    """Run ``path`` top to bottom in a new kernel and write it back; return the seconds it took.
+def execute(path: Path, timeout: int, save: bool = True, slowest: int = 0) -> dict[str, float]:
+    """Run ``path`` top to bottom in a new kernel and write it back; return where the seconds went:
+    ``start`` (kernel start until it answers), ``cells`` (first cell sent until last reply),
+    ``shutdown`` (last reply until the kernel is gone) and ``total``.
     ``slowest``: print that many of the slowest cells, with their seconds and first line."""
     notebook = nbformat.read(path, as_version=4)
+    stamps: dict[str, float] = {}
+
+    def mark(name: str, first: bool = False):
+        def hook(**_: object) -> None:
+            if not (first and name in stamps):
+                stamps[name] = time.perf_counter()
+        return hook
+
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            record_timing=slowest > 0, resources={"metadata": {"path": str(path.parent)}})
+                            record_timing=slowest > 0, resources={"metadata": {"path": str(path.parent)}},
+                            on_notebook_start=mark("ready"), on_cell_start=mark("first_cell", first=True),
+                            on_cell_executed=mark("last_reply"), on_notebook_complete=mark("gone"))
     start = time.perf_counter()
     client.execute()
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
     if slowest:
         _print_slowest(path, notebook, slowest)
     if save:
         nbformat.write(notebook, path)
-    return seconds
+    ready, first, last = (stamps.get(k, end) for k in ("ready", "first_cell", "last_reply"))
+    return {"start": ready - start, "cells": last - first, "shutdown": stamps.get("gone", end) - last,
+            "total": end - start}
 
 
 def _print_slowest(path: Path, notebook: nbformat.NotebookNode, count: int) -> None:
@@ -72,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             failed.append(path)
             continue
-        print(f"executed {path} in {seconds:.1f} s")
+        print(f"executed {path} in {seconds['total']:.1f} s (kernel start {seconds['start']:.1f} s, "
+              f"cells {seconds['cells']:.1f} s, shutdown {seconds['shutdown']:.1f} s)")
     if failed:
         print(f"{len(failed)} notebook(s) failed: {', '.join(map(str, failed))}", file=sys.stderr)
         return 1
