@@ -88,8 +88,10 @@ def run_notebooks(workers: int) -> tuple[bool, str]:
     for path, code, seconds, detail in results:
         verdict = "FAILED" if code else (f"OVER the {NOTEBOOK_BUDGET_S} s budget" if path in slow else "ok")
         print(f"  {path.relative_to(ROOT)!s:<58} {seconds:6.1f} s  {verdict}", flush=True)
-        if code or seconds > NOTEBOOK_BUDGET_S / 2:
-            print(detail.rstrip(), flush=True)  # where the time went, the slowest cells (and the error)
+        # where the time went (always), and the slowest cells and the error where it matters
+        shown = detail if code or seconds > NOTEBOOK_BUDGET_S / 2 else "".join(
+            line + "\n" for line in detail.splitlines() if "executed " in line)
+        print(shown.rstrip(), flush=True)
     longest = max(seconds for _, _, seconds, _ in results)
     summary = (f"{len(results) - len(failed)} of {len(results)} notebooks ran, in {wall:.0f} s ({workers} at a time); "
                f"longest {longest:.0f} s, {len(slow)} over {NOTEBOOK_BUDGET_S} s")
