@@ -13,6 +13,7 @@ from cglab.custom_ops import direct_register_custom_op
 from cglab.errors import CaptureError
 from cglab.forward_context import get_forward_context
 from cglab.graphs import eager_break_during_capture
+from cglab.kernels import triton_kernel
 from cglab.metadata import AttentionMetadata, slots_at, token_requests_and_positions
 
 _MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over zeroed values, not NaN
@@ -31,6 +32,10 @@ def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     md: AttentionMetadata = metadata[layer_name]
     if strict:
         _refuse_dummy_batch(md, layer_name)
+    kernel = triton_kernel("unified_attention", query)
+    if kernel is not None:  # CUDA: one launch that stops at the live seq_lens (cglab/kernels); the oracle is below
+        kernel(query, key, value, output, kv_cache, md)
+        return
     num_tokens, num_heads, head_dim = query.shape
     block_size = kv_cache.shape[2]
     k_cache, v_cache = kv_cache[0].flatten(0, 1), kv_cache[1].flatten(0, 1)  # [slots + 1, heads, dim]

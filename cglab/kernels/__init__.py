@@ -1,0 +1,85 @@
+"""Which kernels cglab's custom ops run: their aten bodies, or one Triton kernel per op (this package).
+
+vLLM writes its attention-like ops as single fused kernels that read ``seq_lens`` on the device; the
+aten bodies stay as the readable version, the CPU path, what the graph simulator records, and the
+oracle the Triton kernels are tested against. The choice is made here and nowhere else: each op asks
+``triton_kernel(op, tensor)`` after its guards. Triton is imported only when a kernel is asked for,
+so the CPU path never needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from cglab.errors import ConfigError
+
+if TYPE_CHECKING:  # no torch import at the top: the CLI checks options before it imports torch
+    import torch
+
+__all__ = ["KERNEL_SETS", "check_kernels", "default_kernels", "kernels_in_use", "triton_available",
+           "triton_kernel", "use_kernels"]
+
+KERNEL_SETS = ("aten", "triton")
+# op name -> (module of this package, function): the Triton launcher of that op.
+_LAUNCHERS = {"unified_attention": ("attention", "unified_attention"), "short_conv": ("sconv", "short_conv"),
+              "compressor": ("compressor", "compressor"), "linear_attention": ("linear_attn", "linear_attention")}
+_forced: str | None = None  # None: per call, Triton for CUDA tensors when it imports, aten otherwise
+
+
+@cache
+def triton_available() -> bool:
+    """Whether Triton can be imported, checked without importing it (an import costs seconds)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def default_kernels(device_type: str) -> str:
+    """``"triton"`` on CUDA when Triton is there, else ``"aten"``."""
+    return "triton" if device_type == "cuda" and triton_available() else "aten"
+
+
+def check_kernels(kernels: str | None, device_type: str) -> str:
+    """The kernel set a run on ``device_type`` uses: ``kernels`` if it can run there, else a ConfigError."""
+    if kernels is None:
+        return default_kernels(device_type)
+    if kernels not in KERNEL_SETS:
+        raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
+    if kernels == "triton" and device_type != "cuda":
+        raise ConfigError("kernels 'triton' need CUDA tensors (Triton compiles for the GPU); use kernels 'aten' on "
+                          f"the {device_type} device, or device 'cuda'")
+    if kernels == "triton" and not triton_available():
+        raise ConfigError("kernels 'triton' need the triton package, which is not importable here; install it "
+                          "(pip install triton) or use kernels 'aten'")
+    return kernels
+
+
+def kernels_in_use(device_type: str) -> str:
+    """The kernel set ops on ``device_type`` run now (``use_kernels`` or the default)."""
+    return _forced or default_kernels(device_type)
+
+
+@contextmanager
+def use_kernels(kernels: str | None) -> Iterator[None]:
+    """Run every custom op with ``kernels`` (``"aten"`` or ``"triton"``; None: the per-device default)
+    inside the block. Forcing ``"triton"`` on CPU tensors needs Triton's interpreter (``TRITON_INTERPRET=1``
+    set before triton is imported): the kernel tests do that; the engine never does."""
+    global _forced
+    if kernels is not None and kernels not in KERNEL_SETS:
+        raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETS)}, or None, got {kernels!r}")
+    before, _forced = _forced, kernels
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def triton_kernel(op_name: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
+    """The Triton launcher of ``op_name`` if it should run for ``tensor``; None: run the aten body."""
+    if op_name not in _LAUNCHERS or kernels_in_use(tensor.device.type) != "triton":
+        return None
+    module, function = _LAUNCHERS[op_name]
+    return getattr(importlib.import_module(f"cglab.kernels.{module}"), function)
