@@ -1,11 +1,5 @@
-"""The anatomy of a captured step, as text: which pieces a graph is made of, and which Python runs
-when it replays.
-
-``graph_pieces`` lists what a step runs, in order: the compiled pieces (graphs) and splitting ops
-(eager) of a compiled PIECEWISE forward, or the segments and eager steps of one breakable capture.
-``describe_pieces`` and ``describe_replays`` print them; ``trace_replay`` runs one step under a
-profiler hook and returns the calls that matter (wrappers replaying, eager ops, dynamo's forward).
-"""
+"""The anatomy of a captured step: the pieces a graph is made of (``graph_pieces``, ``describe_pieces``,
+``describe_replays``), and the Python that runs when it replays (``trace_replay``)."""
 
 from __future__ import annotations
 
@@ -36,19 +30,13 @@ __all__ = ["Piece", "describe_pieces", "describe_replays", "graph_pieces", "step
 
 @dataclass(frozen=True)
 class Piece:
-    """One step of a captured forward as it runs at replay: a graph, or Python run eagerly.
+    """One step of a captured forward as it runs at replay: a graph, or Python run eagerly."""
 
-    ``name``: ``"submod_2"`` (a piece of the compiled split graph), ``"segment 1"`` (a breakable or
-    FULL capture) or ``"eager step"``. ``op``: for an eager step, the op it runs; for a compiled
-    graph piece, the custom ops frozen inside it. ``span``: the model modules a compiled piece
-    covers, first to last (the plain model's segments carry no such record, so it stays empty).
-    """
-
-    name: str
+    name: str  # "submod_2" (a piece of the split graph), "segment 1" (a breakable or FULL capture), "eager step"
     eager: bool  # runs its Python at every step (a splitting op, an eager break); nothing recorded
     num_ops: int = 0  # ops a graph recorded at capture (kernels on a GPU); 0 for an eager step
-    op: str = ""
-    span: str = ""
+    op: str = ""  # an eager step's op; the custom ops frozen inside a compiled piece
+    span: str = ""  # the model modules a compiled piece covers, first to last
 
 
 def _op_of_impl() -> dict[CodeType, str]:
@@ -62,8 +50,8 @@ def _op_of_impl() -> dict[CodeType, str]:
 
 
 def _eager_op(step: EagerStep) -> str:
-    """The op an eager step runs: a breakable capture keeps the op's Python body, a compiled
-    forward's splitting-op step is named after its op (``"cglab::unified_attention (submod_1)"``)."""
+    """The op an eager step runs: a breakable capture keeps its Python body, a compiled forward's
+    splitting-op step its name (``"cglab::unified_attention (submod_1)"``)."""
     code = getattr(inspect.unwrap(step.fn), "__code__", None)
     return _op_of_impl().get(code) or step.name.split(" (")[0]
 
@@ -109,27 +97,17 @@ def _descriptor(runner: ModelRunner, desc: BatchExecutionDescriptor | None) -> B
 
 
 def graph_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = None) -> list[Piece]:
-    """What the graph of ``desc`` (default: the first one captured) runs at replay, in order.
-
-    Compiled PIECEWISE: one ``Piece`` per submodule of the split graph, named as the compiler named
-    it; the pieces wrapped in a ``CUDAGraphWrapper`` are graphs, the splitting ops eager steps.
-    Breakable PIECEWISE and FULL: the recorded segments and eager steps of the one capture.
-    """
-    desc = _descriptor(runner, desc)
-    manager, compiled = runner.cudagraph_manager, runner.compiled_backend
-    assert manager is not None
-    if desc.cg_mode is CUDAGraphMode.FULL:
-        return steps_as_pieces(manager.graphs[desc].graph)
-    if compiled is None:  # breakable: the one wrapper around the model
-        return steps_as_pieces(runner.piecewise_wrappers()[0].entries[desc].graph)
+    """What the graph of ``desc`` (default: the first captured) runs at replay, in order: compiled PIECEWISE,
+    one ``Piece`` per submodule of the split graph; breakable PIECEWISE and FULL, the one capture's steps."""
+    desc, compiled = _descriptor(runner, desc), runner.compiled_backend
+    if desc.cg_mode is CUDAGraphMode.FULL or compiled is None:  # one capture: FULL, or the breakable wrapper's
+        return steps_as_pieces(runner.captured_graphs(desc)[0])
     pieces = []
     for item in compiled.items:
         span, ops = _span_and_ops(item.graph)
-        wrapper = compiled.wrappers.get(item.submod_name)
-        if wrapper is None:
-            pieces.append(Piece(item.submod_name, True, op=ops, span=span))
-        else:
-            pieces.append(Piece(item.submod_name, False, wrapper.entries[desc].graph.num_ops, ops, span))
+        wrapper = compiled.wrappers.get(item.submod_name)  # none around a splitting op: it runs eagerly
+        num_ops = 0 if wrapper is None else wrapper.entries[desc].graph.num_ops
+        pieces.append(Piece(item.submod_name, wrapper is None, num_ops, ops, span))
     return pieces
 
 
@@ -150,24 +128,21 @@ def _where(runner: ModelRunner) -> str:
 
 
 def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = None) -> str:
-    """``graph_pieces`` as text: one line per piece, graphs with their op counts, eager steps with
-    their op; compiled pieces also with the modules they cover and the custom ops inside them."""
+    """``graph_pieces`` as text: graphs with their op counts, eager steps with their op; compiled pieces
+    with the modules they cover and the custom ops inside them."""
     desc = _descriptor(runner, desc)
     pieces = graph_pieces(runner, desc)
-    where = _where(runner)
     graphs = [p for p in pieces if not p.eager]
-    head = (f"{desc}, {_flavor(runner, desc)} ({where}): {len(graphs)} graph(s), "
-            f"{sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)")
+    lines = [f"{desc}, {_flavor(runner, desc)} ({_where(runner)}): {len(graphs)} graph(s), "
+             f"{sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)"]
     width = max(len(p.name) for p in pieces)
-    lines = [head]
     for p in pieces:
         if p.eager:
-            where_op = f" at {p.span}" if p.span else ""
-            lines.append(f"  {p.name:<{width}}  eager  {p.op}{where_op}: its Python runs at every step")
+            what = f"eager  {p.op}{f' at {p.span}' if p.span else ''}: its Python runs at every step"
         else:
             inside = f"; inside: {p.op}" if p.op else ""
-            covers = f"  {p.span}{inside}" if p.span else ""
-            lines.append(f"  {p.name:<{width}}  graph  {p.num_ops:3d} ops{covers}")
+            what = f"graph  {p.num_ops:3d} ops{f'  {p.span}{inside}' if p.span else ''}"
+        lines.append(f"  {p.name:<{width}}  {what}")
     return "\n".join(lines)
 
 
@@ -191,11 +166,8 @@ def describe_replays(runner: ModelRunner) -> str:
 
 
 class _ReplayTracer:
-    """A profile hook that notes the calls that matter in one step's replay, as an indented tree.
-
-    It starts at ``ModelRunner.execute``, so the runner's own preparation (which runs at every step
-    whatever the mode) is left out. Calls it has no label for are not listed, but their callees are.
-    """
+    """A profile hook noting, as an indented tree, the calls that matter from ``ModelRunner.execute`` on (the
+    step's preparation runs in every mode); calls it has no label for are left out, their callees are not."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -264,9 +236,8 @@ class _ReplayTracer:
 
 
 def trace_replay(runner: ModelRunner, scheduled: Mapping[str, Sequence[int]], eager: bool = False) -> str:
-    """Run one step (``runner.step(scheduled, eager)``) and list the Python calls that run while it
-    executes: the graph machinery, generated code, model modules and op bodies, nested as called.
-    The runner's preparation of the step (buffers, metadata, dispatch) is left out."""
+    """Run ``runner.step(scheduled, eager)`` and list, nested as called, the Python that runs as it executes
+    (graph machinery, generated code, model modules, op bodies); the step's preparation is left out."""
     tracer = _ReplayTracer(runner)
     previous: Callable[..., Any] | None = sys.getprofile()
     sys.setprofile(tracer)

@@ -1,10 +1,5 @@
-"""Notebook 04's explorer: repro cases, their verdicts, and the divergence picture behind controls.
-
-``divergence_explorer`` draws one case (mode, PIECEWISE flavor, legacy switch, layer mix, strict
-layers, plain decode or chunked prefill) next to the fixed path; ``verdict_table`` runs many cases as
-a text grid; ``interactive_divergence_explorer`` puts the explorer behind ipywidgets controls, with
-the switches that do nothing in the chosen mode disabled.
-"""
+"""Notebook 04's explorer: repro cases, their verdicts (one case, or a grid of them), and the divergence
+picture behind ipywidgets controls, the switches that do nothing in the chosen mode disabled."""
 
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ from matplotlib.figure import Figure
 
 from cglab.config import PIECEWISE_FLAVORS, CUDAGraphMode, parse_piecewise_flavor
 from cglab.errors import ConfigError
-from cglab.lab.draw import draw_divergence
+from cglab.lab.draw import draw_divergence, expect
 from cglab.lab.interactive import ControlState, interactive
 from cglab.repro import ReproResult, run_repro
 
@@ -38,9 +33,7 @@ CHUNKED_STEPS = 20
 
 def verdict(result: ReproResult) -> str:
     """One phrase, the same on every backend: what happened to the graph runner."""
-    if not isinstance(result, ReproResult):
-        raise ConfigError(f"verdict takes a ReproResult, e.g. verdict(run_repro('piecewise')); got "
-                          f"{type(result).__name__}")
+    expect(result, ReproResult, "verdict takes a ReproResult, e.g. verdict(run_repro('piecewise'))")
     if result.error:
         return f"capture failed loudly ({result.error.split(':')[0]})"
     if result.diverged:
@@ -51,8 +44,8 @@ def verdict(result: ReproResult) -> str:
 
 
 def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
-    """``"PIECEWISE compiled legacy"``: a repro case as the explorers and tables name it. The flavor is
-    named only where a PIECEWISE graph is captured; FULL-only and eager cases do not depend on it."""
+    """``"PIECEWISE compiled legacy"``: a repro case as the explorers and tables name it; the flavor only
+    where a PIECEWISE graph is captured (FULL-only and eager cases do not depend on it)."""
     cg_mode = CUDAGraphMode.parse(mode)
     flavor = parse_piecewise_flavor(flavor)
     if not isinstance(legacy, bool):  # "no" would read as legacy
@@ -70,12 +63,9 @@ def _remembered_repro(options: tuple[tuple[str, Any], ...]) -> ReproResult:
 
 
 def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
-    """``run_repro(mode, **options)``, remembered for the kernel's lifetime.
-
-    The explorer and the tables ask for the same cases again and again (a control moved back, the
-    fixed path drawn beside every legacy one, a table's column the explorer shows next). A repro is
-    seeded, so the same options give the same result; remembering it spares the toy's torch.compile
-    trace, the slow part of a run. The result is shared: read it, do not change it."""
+    """``run_repro(mode, **options)``, remembered for the kernel's lifetime: the explorer and the tables ask
+    for the same seeded cases again and again, and a run's torch.compile trace is slow. The result is shared:
+    read it, do not change it."""
     bound = _REPRO_PARAMETERS.bind(mode, **options)
     bound.apply_defaults()  # the same case spelled with or without a default option is one case
     arguments = dict(bound.arguments)
@@ -90,8 +80,9 @@ def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
     return _remembered_repro(key)
 
 
-def _divergence_runs(mode: str, legacy: bool, layers: str, strict: bool, chunked_prefill: bool, flavor: str,
-                     device: str, steps: int | None) -> dict[str, ReproResult]:
+def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
+                     strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
+                     device: str = "cpu", steps: int | None = None) -> dict[str, ReproResult]:
     """The chosen case and, when it is the legacy path, the fixed path beside it, by label."""
     if not isinstance(chunked_prefill, bool):
         raise ConfigError(f"chunked_prefill must be True (prompts {PREFILL_CHUNK} tokens a step, mixed with "
@@ -110,14 +101,11 @@ def _divergence_runs(mode: str, legacy: bool, layers: str, strict: bool, chunked
 def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
                         strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
                         device: str = "cpu", steps: int | None = None) -> Figure:
-    """The repro for one choice of controls, drawn next to the fixed path for comparison.
-
-    ``flavor``: how PIECEWISE graphs are captured, ``"compiled"`` (torch.compile split at attention,
-    where the legacy bug lived) or ``"breakable"``. ``chunked_prefill``: prompts enter the engine
-    ``PREFILL_CHUNK`` tokens a step beside the decodes (mixed batches, ``CHUNKED_STEPS`` steps)
-    instead of being prefilled first (plain decode, ``DECODE_STEPS`` steps); ``steps`` overrides
-    the count."""
-    runs = _divergence_runs(mode, legacy, layers, strict, chunked_prefill, flavor, device, steps)
+    """The repro for one choice of controls, drawn next to the fixed path. ``chunked_prefill``: prompts enter
+    ``PREFILL_CHUNK`` tokens a step beside the decodes (``CHUNKED_STEPS`` steps) instead of being prefilled
+    first (plain decode, ``DECODE_STEPS`` steps); ``steps`` overrides the count."""
+    runs = _divergence_runs(mode, legacy, layers, strict, chunked_prefill=chunked_prefill, flavor=flavor,
+                            device=device, steps=steps)
     label, chosen = next(iter(runs.items()))
     fig = draw_divergence(runs)
     traffic = ", chunked prefill" if chunked_prefill else ""
@@ -126,24 +114,16 @@ def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: st
     return fig
 
 
-def _steps_text(result: ReproResult) -> str:
-    """``"steps by mode: PIECEWISE 17, eager 2, FULL 1"``."""
-    counts = ", ".join(f"{'eager' if mode == 'none' else mode.upper()} {n}" for mode, n in result.steps_by_mode.items())
-    return f"steps by mode: {counts or 'none ran'}"
-
-
-def divergence_notes(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
-                     strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
-                     device: str = "cpu", steps: int | None = None) -> list[str]:
-    """One line per run ``divergence_explorer`` draws for the same arguments: how its steps ran (which
-    graphs they replayed), or, where capture raised, that nothing was replayed."""
+def divergence_notes(*args: Any, **options: Any) -> list[str]:
+    """One line per run ``divergence_explorer(*args, **options)`` draws: how its steps ran (``"steps by mode:
+    PIECEWISE 17, eager 2, FULL 1"``), or, where capture raised, that nothing was replayed."""
     lines = []
-    for label, result in _divergence_runs(mode, legacy, layers, strict, chunked_prefill, flavor, device,
-                                          steps).items():
+    for label, result in _divergence_runs(*args, **options).items():
         if result.error:
             lines.append(f"{label}: capture failed: nothing replayed ({result.error.split(':')[0]})")
         else:
-            lines.append(f"{label}: {_steps_text(result)}")
+            counts = ", ".join(f"{'eager' if m == 'none' else m.upper()} {n}" for m, n in result.steps_by_mode.items())
+            lines.append(f"{label}: steps by mode: {counts or 'none ran'}")
     return lines
 
 
@@ -151,12 +131,9 @@ _GRAPH_SWITCHES = ("flavor", "legacy", "strict")
 
 
 def divergence_control_state(values: dict[str, Any]) -> ControlState:
-    """The explorer's switches that change nothing in ``values["mode"]``, and why.
-
-    The PIECEWISE flavor, the legacy switch and strict layers act only where PIECEWISE graphs are
-    captured: the old code skipped metadata for compiled PIECEWISE captures alone and built capture
-    metadata for FULL ones on both paths, and a strict layer fails only where it meets no metadata.
-    So a policy without PIECEWISE graphs (FULL, NONE) runs the same whatever they say."""
+    """The explorer's switches that change nothing in ``values["mode"]``, and why: the flavor, the legacy
+    switch and strict layers act only where PIECEWISE graphs are captured (the old code skipped metadata
+    for those alone, and a strict layer fails only where it meets none)."""
     mode = CUDAGraphMode.parse(values["mode"])
     if CUDAGraphMode.PIECEWISE in mode.runtime_modes():
         if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
@@ -175,23 +152,19 @@ Case = tuple[str, bool] | tuple[str, bool, str]
 
 def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 16,
                   **repro_options: Any) -> str:
-    """A text grid: one row per layer mix, one column per case, each cell ``ok``, ``DIVERGED`` or
-    ``FAILED`` (capture raised). Column headers take two lines: the mode, then flavor and path.
-
-    A case is ``(mode, legacy)`` or ``(mode, legacy, flavor)``; the flavor defaults to ``"compiled"``.
-    ``repro_options`` go to every ``run_repro`` call (``strict_attention=True``, ``splitting_ops=...``).
-    """
+    """A text grid: one row per layer mix, one column per case (``(mode, legacy)`` or ``(mode, legacy,
+    flavor)``, compiled by default), each cell ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised);
+    ``repro_options`` go to every ``run_repro`` call."""
     if isinstance(layer_mixes, str) or not layer_mixes or not all(isinstance(m, str) for m in layer_mixes):
         raise ConfigError(f"verdict_table needs a list of layer patterns, one per row, e.g. ['sconv,attn', 'attn'], "
                           f"got {layer_mixes!r}")
     if not cases:
         raise ConfigError(f"verdict_table needs a list of cases, one per column, e.g. [('piecewise', True), "
                           f"('full', True)], got {cases!r}")
-    full_cases = []
     for case in cases:
         if not isinstance(case, tuple) or len(case) not in (2, 3):
             raise ConfigError(f"a verdict_table case is (mode, legacy) or (mode, legacy, flavor), got {case!r}")
-        full_cases.append((case[0], case[1], case[2] if len(case) == 3 else "compiled"))
+    full_cases = [(*case, "compiled")[:3] for case in cases]
     headers = [case_label(*case).split(" ", 1) for case in full_cases]
     widths = [max(8, *map(len, h)) for h in headers]
     first = max(len(m) for m in layer_mixes)
@@ -207,9 +180,8 @@ def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: 
 
 
 def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
-    """Mode (FULL_AND_PIECEWISE among them), PIECEWISE flavor, the legacy switch, the layer mix, strict
-    layers and chunked prefill; the plot redraws, with one line per run under it. Switches that change
-    nothing in the chosen mode are disabled, and a line under the controls says why."""
+    """``divergence_explorer`` behind its controls; the plot redraws, one line per run under it. Switches
+    that change nothing in the chosen mode are disabled, and a line under the controls says why."""
     import ipywidgets as widgets
 
     controls = {

@@ -1,5 +1,5 @@
-"""Pictures of the toy engine: paged caches, captured graphs, divergence from eager. Figures are not
-managed by pyplot (a notebook shows each once, a test needs no display); text pictures are strings."""
+"""Pictures of the toy engine: paged caches, captured graphs, dispatch, divergence from eager. Figures are not
+pyplot's (a notebook shows each once, a test needs no display); text pictures are strings."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import offset_copy
 
 from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
-from cglab.config import OP_OF_KIND, CUDAGraphMode
+from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int
 from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph
 from cglab.lab.anatomy import Piece, steps_as_pieces
@@ -27,25 +28,19 @@ __all__ = ["MAX_PADDING_TOKENS", "BatchShape", "describe_dispatch", "describe_en
 
 MAX_PADDING_TOKENS = 10_000  # a padding picture's widest batch: wider only takes longer to draw
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
-_FREE = (1.0, 1.0, 1.0)
-_RESERVED = (0.9, 0.9, 0.9)  # in a request's block, not reached yet
+_FREE, _RESERVED = (1.0, 1.0, 1.0), (0.9, 0.9, 0.9)  # reserved: in a request's block, not reached yet
 _MISSING = (0.85, 0.1, 0.1)  # the request reached this slot, yet the cache row was never written
 # A step's pieces in the colours of the modes they run like (never a capture path's red or blue): an eager
 # step runs as mode NONE does, a graph replays what it recorded as a FULL graph does.
-_EAGER = MODE_COLORS["none"]
-_SEGMENT = MODE_COLORS["full"]
+_EAGER, _SEGMENT = MODE_COLORS["none"], MODE_COLORS["full"]
+_PALETTE = ("#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#bab0ac", "#4e79a7", "#ff9da7")  # requests
 _MARKER_RISE_PT, _MARKER_PT = 7, 7  # a ▼ sits this far above the caches, this tall: clear of its title
 
 
-def _expect(value: object, kind: type, what: str) -> None:
-    """A picture's argument of the wrong kind gets one ConfigError saying what to pass instead."""
+def expect(value: object, kind: type, what: str) -> None:
+    """A toolkit argument of the wrong kind gets one ConfigError saying what to pass instead."""
     if not isinstance(value, kind):
         raise ConfigError(f"{what}; got {type(value).__name__}")
-
-
-def _request_colors(n: int) -> list[tuple[float, float, float]]:
-    palette = ["#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#bab0ac", "#4e79a7", "#ff9da7"]
-    return [tuple(int(c[i : i + 2], 16) / 255 for i in (1, 3, 5)) for c in (palette * (n // len(palette) + 1))[:n]]
 
 
 def describe_environment(device: str = "cpu") -> str:
@@ -66,28 +61,23 @@ def describe_environment(device: str = "cpu") -> str:
         widgets = ipywidgets.__version__
     except ImportError:
         widgets = "not installed (widgets off)"
-    lines = [
-        f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})",
-        f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}",
-        f"device: {device}; graph backend: {backend.name} = {backend.label}",
-        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}",
-    ]
-    return "\n".join(lines)
+    return (f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
+            f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
+            f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
+            f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}")
 
 
 def describe_requests(runner: ModelRunner) -> str:
     """One line per request: tokens stored, the blocks it owns (its block-table row) and their slots."""
     bs = runner.config.block_size
-    lines = []
-    for r in runner.requests.values():
-        spans = ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
-        lines.append(f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks {spans}")
-    return "\n".join(lines)
+    return "\n".join(f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks "
+                     + ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
+                     for r in runner.requests.values())
 
 
 def describe_step(prepared: PreparedStep) -> str:
     """What a prepared step wrote into the persistent buffers, padding included."""
-    _expect(prepared, PreparedStep, "describe_step takes what ModelRunner.prepare_step returns, e.g. "
+    expect(prepared, PreparedStep, "describe_step takes what ModelRunner.prepare_step returns, e.g. "
             "describe_step(runner.prepare_step({'req0': [1]}))")
     batch, desc = prepared.input_batch, prepared.descriptor
     slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
@@ -114,40 +104,32 @@ def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) ->
 def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title: str = "") -> Figure:
     """Every cache as a row of slots coloured by owning request; red: reached but never written (the
     bug's signature); grey: reserved. ``highlight_slots`` get a ▼ above the rows."""
-    _expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
+    expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
     if isinstance(highlight_slots, (str, bytes)) or not isinstance(highlight_slots, Sequence) or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in highlight_slots):
         raise ConfigError(f"highlight_slots must be a list of slot numbers, e.g. last_written_slots(runner), "
                           f"got {highlight_slots!r}")
-    config = runner.config
-    bs, ratio = config.block_size, config.compress_ratio
+    bs, ratio = runner.config.block_size, runner.config.compress_ratio
     requests = list(runner.requests.values())
     used_blocks = max((b for r in requests for b in r.block_ids), default=0) + 1
     num_slots = used_blocks * bs
     owner = np.full(num_slots, -1)
-    stored = np.zeros(num_slots, dtype=bool)  # the request has a token at this slot
-    group_done = np.zeros(num_slots, dtype=bool)  # the slot's compressor group is complete
+    # Per slot: its request has a token there; the slot's compressor group is complete.
+    stored, group_done = np.zeros((2, num_slots), dtype=bool)
     for i, r in enumerate(requests):
         for pos in range(len(r.block_ids) * bs):
             slot = r.slot(pos, bs)
             owner[slot] = i
             stored[slot] = pos < r.num_computed_tokens
             group_done[slot] = (pos // ratio + 1) * ratio <= r.num_computed_tokens
-    colors = _request_colors(len(requests))
+    colors = [to_rgb(_PALETTE[i % len(_PALETTE)]) for i in range(len(requests))]
+    by_owner = np.array([*colors, _FREE])  # owner -1 (no request): free
     states = runner.state_tensors()
     image = np.ones((len(states), num_slots, 3))
     for row, (name, cache) in enumerate(states.items()):
-        written = _rows_written(name, cache, num_slots, ratio)
-        expected = group_done if name.endswith("compressed_cache") else stored
-        for slot in range(num_slots):
-            if owner[slot] < 0:
-                image[row, slot] = _FREE
-            elif written[slot]:
-                image[row, slot] = colors[owner[slot]]
-            elif expected[slot]:
-                image[row, slot] = _MISSING
-            else:
-                image[row, slot] = _RESERVED
+        shown = (_rows_written(name, cache, num_slots, ratio) | (owner < 0))[:, None]  # written, or free
+        expected = (group_done if name.endswith("compressed_cache") else stored)[:, None]
+        image[row] = np.where(shown, by_owner[owner], np.where(expected, _MISSING, _RESERVED))
 
     fig = Figure(figsize=(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8), dpi=DPI)
     ax = fig.add_subplot()
@@ -189,32 +171,25 @@ def _short_op(op: str) -> str:
 
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:
     """Each graph (or its ``graph_pieces``) as its replay sequence: graphs (width = ops) and eager steps."""
-    fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
-    ax = fig.add_subplot()
     if not isinstance(graphs, Mapping) or not graphs:
         raise ConfigError("draw_graph_anatomy takes a dict {label: captured graph or its pieces} with at least one "
                           "graph, e.g. {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}")
+    fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
+    ax = fig.add_subplot()
     rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
-    longest = max((sum(p.num_ops for p in pieces if not p.eager) for pieces in rows), default=0)
+    longest = max(sum(p.num_ops for p in pieces if not p.eager) for pieces in rows)
     eager_width = max(5.0, 0.05 * longest)  # wide enough for its label whatever the scale
-    height = 0.55
-    widest = 0.0
-    for row, pieces in enumerate(rows):
+    height, widest = 0.55, 0.0
+    for y, pieces in zip(range(len(rows) - 1, -1, -1), rows):
         x = 0.0
-        y = len(graphs) - 1 - row
         for piece in pieces:
-            if piece.eager:
-                ax.barh(y, eager_width, left=x, height=height, color=_EAGER, edgecolor="black")
-                ax.text(x + eager_width / 2, y, _short_op(piece.op), ha="center", va="center", fontsize=7,
-                        color="white")
-                x += eager_width
-                continue
-            width = max(piece.num_ops, 1)
-            ax.barh(y, width, left=x, height=height, color=_SEGMENT if piece.num_ops else "white",
-                    edgecolor="black", hatch="" if piece.num_ops else "//")
-            ax.text(x + width / 2, y, str(piece.num_ops), ha="center", va="center", fontsize=8,
-                    color="white" if piece.num_ops else "black")
-            if piece.name.startswith("submod"):
+            empty = not piece.eager and not piece.num_ops  # a graph that recorded nothing: hatched white
+            width = eager_width if piece.eager else max(piece.num_ops, 1)
+            ax.barh(y, width, left=x, height=height, color=_EAGER if piece.eager else "white" if empty else _SEGMENT,
+                    edgecolor="black", hatch="//" if empty else "")
+            ax.text(x + width / 2, y, _short_op(piece.op) if piece.eager else str(piece.num_ops), ha="center",
+                    va="center", fontsize=7 if piece.eager else 8, color="black" if empty else "white")
+            if not piece.eager and piece.name.startswith("submod"):
                 ax.text(x + width / 2, y + height / 2 + 0.04, piece.name, ha="center", va="bottom", fontsize=7)
             x += width
         widest = max(widest, x)
@@ -233,8 +208,8 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
 
 @dataclass(frozen=True)
 class BatchShape:
-    """A batch as the dispatcher sees it: query lengths and which requests still prefill; ``by_shape``:
-    the rule from before vLLM PR #51865 (equal query lengths are enough)."""
+    """A batch as the dispatcher sees it; ``by_shape``: the rule before vLLM PR #51865 (equal query lengths
+    are enough)."""
 
     label: str
     query_lens: tuple[int, ...]
@@ -251,8 +226,7 @@ class BatchShape:
 
     def uniform_token_count(self) -> int | None:
         """What the runner passes to dispatch: the tokens per request of a uniform decode batch, else None."""
-        has_prefill = not self.by_shape and any(self.prefilling)
-        return get_uniform_decode_token_count(self.query_lens, has_prefill)
+        return get_uniform_decode_token_count(self.query_lens, not self.by_shape and any(self.prefilling))
 
 
 DISPATCH_POLICIES = (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY,
@@ -261,20 +235,16 @@ DISPATCH_POLICIES = (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAG
 
 def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: Sequence[BatchShape],
                       policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES) -> str:
-    """A table: one row per batch shape, one column per policy, each cell the descriptor dispatch
-    returns (``eager`` where it returns NONE). The ``uniform`` column is the batch's
-    ``uniform_token_count`` (``-``: None)."""
+    """A table: one row per batch shape, one column per policy, each cell the descriptor dispatch returns
+    (``eager`` for NONE); ``uniform`` is the batch's ``uniform_token_count`` (``-``: None)."""
     dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
     header = ["batch", "reqs", "tokens", "uniform", *(p.name for p in policies)]
     rows = [header]
     for shape in shapes:
         uniform = shape.uniform_token_count()
-        cells = []
-        for d in dispatchers:
-            desc = d.dispatch(shape.num_reqs, shape.num_tokens, uniform)
-            cells.append("eager" if desc.cg_mode is CUDAGraphMode.NONE else str(desc))
+        descs = [d.dispatch(shape.num_reqs, shape.num_tokens, uniform) for d in dispatchers]
         rows.append([shape.label, str(shape.num_reqs), str(shape.num_tokens), "-" if uniform is None else str(uniform),
-                     *cells])
+                     *("eager" if d.cg_mode is CUDAGraphMode.NONE else str(d) for d in descs)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}"]
     for i, row in enumerate(rows):
@@ -287,11 +257,9 @@ def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: S
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     """The graph size each batch size runs in, and the padded rows it costs (eager past the last size),
     for batches of 1 to ``max_tokens`` tokens (at most ``MAX_PADDING_TOKENS``)."""
-    _expect(dispatcher, CudagraphDispatcher, "draw_padding takes a CudagraphDispatcher, e.g. CudagraphDispatcher("
+    expect(dispatcher, CudagraphDispatcher, "draw_padding takes a CudagraphDispatcher, e.g. CudagraphDispatcher("
             "CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_PADDING_TOKENS:
-        raise ConfigError(f"max_tokens (the largest batch drawn) must be an integer from 1 to {MAX_PADDING_TOKENS}, "
-                          f"got {max_tokens!r}")
+    check_int("max_tokens (the largest batch drawn)", max_tokens, 1, MAX_PADDING_TOKENS)
     tokens = np.arange(1, max_tokens + 1)
     fig = Figure(figsize=(8, 3.4), dpi=DPI)
     ax = fig.add_subplot()
@@ -312,12 +280,9 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     return fig
 
 
-
-
 def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
-    """Left: each decode step's logit difference from eager; right: each cache's after the last step.
-    One log scale with the tolerance marked, so rounding stays small beside a divergence; legacy red,
-    fixed blue."""
+    """Left: each decode step's logit difference from eager; right: each cache's after the last step. One
+    log scale with the tolerance marked, so rounding stays small beside a divergence; legacy red, fixed blue."""
     if not isinstance(results, Mapping) or not results or not all(isinstance(r, ReproResult)
                                                                   for r in results.values()):
         raise ConfigError("draw_divergence takes a dict {label: ReproResult} with at least one run, e.g. "
@@ -325,14 +290,17 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     fig = Figure(figsize=(11, 3.6), dpi=DPI)
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale
-    tolerance = min((r.tolerance for r in results.values()), default=1e-4)
-    colors = path_colors(results.values())
-    for color, (label, result) in zip(colors, results.items()):
+    tolerance = min(r.tolerance for r in results.values())
+    names = sorted({n for r in results.values() for n in r.state_diffs})
+    height, base = 0.8 / len(results), floor / 2
+    for i, (color, (label, result)) in enumerate(zip(path_colors(results.values()), results.items())):
         if result.error:  # nothing ran: a line or bars at the floor would read as exact agreement
             steps_ax.plot([], [], color=color, ls="none", marker="x", label=f"{label}: capture failed")
             continue
         diffs = np.maximum(np.asarray(result.step_diffs, dtype=float), floor)
         steps_ax.semilogy(np.arange(1, len(diffs) + 1), diffs, marker="o", ms=3, color=color, label=label)
+        values = np.maximum([result.state_diffs.get(n, 0.0) for n in names], floor)
+        state_ax.barh(np.arange(len(names)) + i * height, values - base, left=base, height=height, color=color)
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
     steps_ax.set_ylim(floor / 2, ceiling)
     steps_ax.set_xlabel("decode step")
@@ -340,14 +308,6 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     # Above the panels, not over the lines: the right panel uses the same colours.
     steps_ax.legend(fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0),
                     ncol=2, borderaxespad=0.2)
-    names = sorted({n for r in results.values() for n in r.state_diffs})
-    height = 0.8 / max(len(results), 1)
-    base = floor / 2
-    for i, (color, result) in enumerate(zip(colors, results.values())):
-        if result.error:
-            continue
-        values = np.maximum([result.state_diffs.get(n, 0.0) for n in names], floor)
-        state_ax.barh(np.arange(len(names)) + i * height, values - base, left=base, height=height, color=color)
     state_ax.set_xscale("log")
     state_ax.set_xlim(base, ceiling)
     state_ax.axvline(tolerance, color="gray", ls="--", lw=1)

@@ -1,6 +1,5 @@
-"""The fix's second reason as a picture: which builders can build a PIECEWISE capture batch's metadata
-before vLLM PR #49364 (breakable PIECEWISE: ``for_capture=True``) and after it (``for_capture=False``),
-by ``can_build_metadata``, the rule the builders apply."""
+"""Which builders can build a PIECEWISE capture batch's metadata before vLLM PR #49364 (breakable PIECEWISE:
+``for_capture=True``) and after it (``False``), by ``can_build_metadata``, the rule the builders apply."""
 
 from __future__ import annotations
 
@@ -18,16 +17,15 @@ from cglab.lab.draw import DPI
 
 __all__ = ["CaptureBatchSupport", "capture_support", "draw_capture_support"]
 
-_CAN = to_rgb("#59a14f")  # the green of cglab.lab.draw's request palette
-_CANNOT = (0.85, 0.1, 0.1)  # cglab.lab.draw's red: what goes wrong
-_INFO = (0.9, 0.9, 0.9)  # cglab.lab.draw's grey: plain facts, no verdict
-_OLD_FOR_CAPTURE, _FIXED_FOR_CAPTURE = True, False  # breakable PIECEWISE before and after PR #49364
+# cglab.lab.draw's colours: a request's green, the red of what goes wrong, the grey of plain facts (no verdict)
+_CAN, _CANNOT, _INFO = to_rgb("#59a14f"), (0.85, 0.1, 0.1), (0.9, 0.9, 0.9)
+_FOR_CAPTURE = (True, False)  # breakable PIECEWISE before and after PR #49364
 
 
 @dataclass(frozen=True)
 class CaptureBatchSupport:
-    """One PIECEWISE capture size: its dummy batch and, per support level, whether a builder of that
-    level can build its metadata before the fix (``old``) and after it (``fixed``)."""
+    """One capture size: its dummy batch and, per support level, whether a builder of that level can build
+    its metadata before the fix (``old``) and after it (``fixed``)."""
 
     num_tokens: int
     query_lens: tuple[int, ...]
@@ -50,15 +48,13 @@ class CaptureBatchSupport:
 def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[CaptureBatchSupport]:
     """The rows of ``draw_capture_support``, smallest capture size first."""
     check_int("max_num_reqs", max_num_reqs)
-    sizes = sorted(set(check_sizes("capture size", capture_sizes, example="(1, 2, 4, 8)")))
     rows = []
-    for size in sizes:
+    for size in sorted(set(check_sizes("capture size", capture_sizes, example="(1, 2, 4, 8)"))):
         query_lens = tuple(dummy_query_lens(min(size, max_num_reqs), size))
         shape = {"num_reqs": len(query_lens), "num_tokens": size, "max_query_len": max(query_lens)}
-        rows.append(CaptureBatchSupport(
-            size, query_lens,
-            old={s: can_build_metadata(s, **shape, for_capture=_OLD_FOR_CAPTURE) for s in AttentionCGSupport},
-            fixed={s: can_build_metadata(s, **shape, for_capture=_FIXED_FOR_CAPTURE) for s in AttentionCGSupport}))
+        old, fixed = ({s: can_build_metadata(s, **shape, for_capture=f) for s in AttentionCGSupport}
+                      for f in _FOR_CAPTURE)
+        rows.append(CaptureBatchSupport(size, query_lens, old, fixed))
     return rows
 
 
@@ -79,11 +75,9 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
     fig = Figure(figsize=(12.5, 0.5 * len(rows) + 2.6), dpi=DPI)
     ax = fig.add_subplot()
     for y, row in enumerate(rows):
-        shape = "decode-shaped" if row.decode_shaped else "prefill-shaped"
-        cells = [(0, f"{row.describe_batch()}\n({shape})", _INFO),
-                 (old_start - 1, f"for_capture=\n{_OLD_FOR_CAPTURE}", _INFO),
-                 (fixed_start - 1, f"for_capture=\n{_FIXED_FOR_CAPTURE}", _INFO)]
-        for start, verdicts in ((old_start, row.old), (fixed_start, row.fixed)):
+        cells = [(0, f"{row.describe_batch()}\n({'decode' if row.decode_shaped else 'prefill'}-shaped)", _INFO)]
+        for start, for_capture, verdicts in zip((old_start, fixed_start), _FOR_CAPTURE, (row.old, row.fixed)):
+            cells.append((start - 1, f"for_capture=\n{for_capture}", _INFO))
             cells += [(start + i, "can" if verdicts[level] else "fails", _CAN if verdicts[level] else _CANNOT)
                       for i, level in enumerate(levels)]
         for x, text, color in cells:

@@ -1,11 +1,5 @@
-"""The one picture of the express path (notebook 00b): what a captured piece recorded, op by op.
-
-``recorded_ops`` reads the ops a compiled PIECEWISE piece recorded at capture (the simulator keeps
-them; a real CUDA graph keeps only kernels, not their names). ``compare_recordings`` lines two
-recordings of the same piece up, and ``describe_recordings`` / ``draw_recordings`` show them side by
-side: the piece captured with metadata (the fix) against the same piece captured without it (the
-old path), the ops the old path never recorded marked.
-"""
+"""The express path's picture (notebook 00b): the ops a compiled piece recorded at capture with metadata
+(the fix) beside those it recorded without (the old path), the missing ones marked."""
 
 from __future__ import annotations
 
@@ -20,13 +14,12 @@ from cglab.batch import BatchExecutionDescriptor
 from cglab.config import CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs.sim import SimSegment
+from cglab.lab.draw import DPI
 from cglab.runner import ModelRunner
 
 __all__ = ["OpRow", "compare_recordings", "describe_recordings", "draw_recordings", "recorded_ops"]
 
-DPI = 100  # fixed, so the figure's text form is the same everywhere
-_KEPT = "#4e79a7"
-_LOST = "#e15759"
+_KEPT, _LOST = "#4e79a7", "#e15759"
 
 
 def _short(func: object) -> str:
@@ -37,12 +30,8 @@ def _short(func: object) -> str:
 
 def recorded_ops(runner: ModelRunner, piece: str = "submod_0",
                  desc: BatchExecutionDescriptor | None = None) -> list[str]:
-    """The ops the graph of compiled piece ``piece`` recorded for ``desc`` (default: the first
-    descriptor captured), in order, as short aten names (``"linear"``, ``"index_put_"``).
-
-    Needs a compiled PIECEWISE runner on the simulator (``device="cpu"``): only the simulator keeps
-    the list of what it recorded.
-    """
+    """The ops compiled piece ``piece`` recorded for ``desc`` (default: the first PIECEWISE descriptor), in
+    order, as short aten names. Only the simulator keeps them: a CUDA graph keeps kernels, not names."""
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers or not runner.graph_replays():
         raise ConfigError("recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
@@ -51,10 +40,9 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0",
         desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
     wrapper = compiled.wrappers.get(piece)
     if wrapper is None:
-        names = [i.submod_name for i in compiled.items]
-        graphs = [n for n in names if n in compiled.wrappers]
-        what = "a splitting op, run eagerly: it records nothing" if piece in names else "not a piece of this graph"
-        raise ConfigError(f"{piece} is {what}; the captured pieces are {', '.join(graphs)}")
+        split = any(i.submod_name == piece for i in compiled.items)
+        what = "a splitting op, run eagerly: it records nothing" if split else "not a piece of this graph"
+        raise ConfigError(f"{piece} is {what}; the captured pieces are {', '.join(compiled.wrappers)}")
     if desc not in wrapper.entries:
         raise ConfigError(f"{piece} has no graph for {desc}; captured: {', '.join(map(str, wrapper.entries))}")
     ops = []
@@ -78,13 +66,10 @@ class OpRow:
 def compare_recordings(first: Sequence[str], second: Sequence[str]) -> list[OpRow]:
     """Line two op lists up in order (a diff): ops both recorded share a row, the others get one each."""
     rows = []
-    matcher = difflib.SequenceMatcher(a=list(first), b=list(second), autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            rows += [OpRow(op, True, True) for op in first[i1:i2]]
-            continue
-        rows += [OpRow(op, True, False) for op in first[i1:i2]]
-        rows += [OpRow(op, False, True) for op in second[j1:j2]]
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=list(first), b=list(second), autojunk=False).get_opcodes():
+        rows += [OpRow(op, True, tag == "equal") for op in first[i1:i2]]
+        if tag != "equal":
+            rows += [OpRow(op, False, True) for op in second[j1:j2]]
     return rows
 
 
@@ -105,15 +90,14 @@ def describe_recordings(first: Sequence[str], second: Sequence[str],
 def draw_recordings(first: Sequence[str], second: Sequence[str], piece: str = "submod_0",
                     labels: tuple[str, str] = ("with metadata (fixed)", "without metadata (legacy)"),
                     note: str = "") -> Figure:
-    """Two columns of boxes, one per recorded op, aligned by ``compare_recordings``: ops both
-    recordings have in blue, ops only one of them has in red (with an empty, hatched box opposite)."""
+    """Two columns of boxes, one per op, aligned by ``compare_recordings``: ops both recordings have in blue,
+    ops only one has in red (an empty, hatched box opposite)."""
     rows = compare_recordings(first, second)
     fig = Figure(figsize=(7, 0.24 * len(rows) + 1.3), dpi=DPI)
     ax = fig.add_subplot()
     for y, row in enumerate(rows):
         for x, present in ((0, row.in_first), (1, row.in_second)):
-            lost = row.in_first != row.in_second
-            color = "white" if not present else _LOST if lost else _KEPT
+            color = "white" if not present else _LOST if row.in_first != row.in_second else _KEPT
             ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black",
                     hatch="" if present else "//")
             ax.text(x + 0.5, -y, row.op if present else "nothing recorded", ha="center", va="center",

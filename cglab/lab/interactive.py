@@ -21,8 +21,8 @@ _DRAW_LOCK = threading.Lock()
 
 
 class _Redraw:
-    """Redraws one output area, one draw at a time: a request during a draw marks it stale, and the
-    running thread draws once more, so a burst of changes ends in one draw of the newest values."""
+    """Redraws one output area, one draw at a time: a request during a draw marks it stale and the running
+    thread draws once more, so a burst of changes ends in one draw of the newest values."""
 
     def __init__(self, draw: Callable[[dict[str, Any]], None], controls: dict[str, Any]) -> None:
         self._draw, self._controls = draw, controls
@@ -72,8 +72,7 @@ def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hi
     # The row wraps: on a narrow window (a laptop, JupyterLab's file browser open) no control may end up
     # behind a horizontal scrollbar.
     row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
-    parts = [widgets.HTML(f"<small>{html.escape(hint)}</small>")] if hint else []
-    parts.append(row)
+    parts = [*([widgets.HTML(f"<small>{html.escape(hint)}</small>")] if hint else []), row]
     if state is not None:
         status = widgets.HTML()
 

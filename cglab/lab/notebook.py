@@ -13,8 +13,8 @@ __all__ = ["setup_notebook"]
 
 
 def setup_notebook(device: str | None = None) -> str:
-    """``"cuda"`` where a GPU is visible, else ``"cpu"`` (the simulator). One CPU thread (tiny tensors:
-    more only compete, and sums keep one order); on a GPU the ``eager`` compile backend unless
+    """``"cuda"`` where a GPU is visible, else ``"cpu"`` (the simulator). One CPU thread (tiny tensors: more
+    only compete, and sums keep one order); on a GPU the ``eager`` compile backend unless
     ``$CGLAB_COMPILE_BACKEND`` says otherwise (a cold inductor compile costs seconds per model)."""
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError(f"setup_notebook takes 'cpu', 'cuda' or nothing (the GPU if one is visible), "

@@ -4,7 +4,7 @@ device (the simulator's say: semantics, not GPU speed); legends sit below the ax
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
@@ -38,11 +38,7 @@ def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
     """Median decode-step latency per mode against batch size, with the p10-p90 band."""
     ax = _axes(ax)
     for mode in result.modes:
-        label, color, marker = _STYLE[mode]
-        sizes, median = result.series(mode, "median_us")
-        ax.plot(sizes, median, marker=marker, color=color, label=label)
-        ax.fill_between(sizes, result.series(mode, "p10_us")[1], result.series(mode, "p90_us")[1], color=color,
-                        alpha=0.25, linewidth=0)
+        _median_band(ax, result, mode, _STYLE[mode][0])
     _roofline(ax, result)
     ax.set_ylabel("step latency, µs (median; band: p10-p90)")
     ax.set_ylim(bottom=0)
@@ -72,8 +68,8 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
-    """FULL (and compiled FULL) replay latency against its kernel floor (the summed kernel time: launching
-    for free), and the roofline below both (the weights read once at the memory's bandwidth)."""
+    """FULL (and compiled FULL) replay latency against its kernel floor (the summed kernel time: launching for
+    free), and the roofline below both (the weights read once at the memory's bandwidth)."""
     ax = _axes(ax)
     title = "One-launch replays against the kernel floor"
     modes = [m for m in _FLOOR_MODES if m in result.modes]
@@ -85,11 +81,8 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
     what = "summed aten op CPU time, under the profiler" if result.backend == "sim" else "summed kernel time"
     highest = 0.0
     for row, mode in enumerate(modes):
-        label, color, marker = _STYLE[mode]
-        sizes, median = result.series(mode, "median_us")
-        p90 = result.series(mode, "p90_us")[1]
-        ax.plot(sizes, median, marker=marker, color=color, label=f"{label} replay (median)")
-        ax.fill_between(sizes, result.series(mode, "p10_us")[1], p90, color=color, alpha=0.25, linewidth=0)
+        label, color, _ = _STYLE[mode]
+        sizes, median, p90 = _median_band(ax, result, mode, f"{label} replay (median)")
         ax.plot(sizes, floors[mode], color=color, linestyle="--", marker=".", label=f"{label} kernel floor ({what})")
         highest = max([highest, *(v for v in (*median, *p90, *floors[mode]) if not math.isnan(v))])
         # One row of labels per mode in the band above the data, one per batch size: rows a fixed
@@ -173,10 +166,7 @@ def plot_overview(result: BenchResult) -> Figure:
     plot_speedup(result, axes[0, 1])
     plot_kernel_floor(result, axes[1, 0])
     plot_piecewise_break_cost(result, axes[1, 1])
-    suptitle = f"cglab bench: {_model(result)}, {result.device_name}"
-    if result.backend == "sim":
-        suptitle += f"\n{SIM_LABEL}"
-    fig.suptitle(suptitle)
+    fig.suptitle(_on_device(f"cglab bench: {_model(result)}", result, ", "))
     return fig
 
 
@@ -209,11 +199,11 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
     for color, (label, result) in zip(path_colors(results.values()), results.items()):
         tokens = result.tokens_per_step
         ax.plot(range(1, len(tokens) + 1), tokens, marker="o", color=color,
-                label=f"{label}: {_mean(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
+                label=f"{label}: {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
     # On top, dashed: a run that matches the eager drafter lies right under it.
     reference = next(iter(results.values())).reference_tokens_per_step
     ax.plot(range(1, len(reference) + 1), reference, color="black", linestyle="--", marker=".", zorder=3,
-            label=f"eager drafter (reference): {_mean(reference):.2f} tokens/step")
+            label=f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step")
     for bound, text in ((1, "1: no speculation"), (k + 1, f"{k + 1}: every draft accepted")):
         ax.axhline(bound, color="gray", linewidth=1, linestyle=":")
         ax.annotate(text, (len(reference), bound), textcoords="offset points", xytext=(0, 3), ha="right",
@@ -225,10 +215,6 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     return ax
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -251,9 +237,8 @@ def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int], legend_t
 
 
 def _legend_below(ax: Axes, title: str | None) -> None:
-    """The legend under the x-axis label, where it cannot cover a curve; constrained layout makes room.
-
-    The drop is counted in points from the tick and label fonts, so it clears them at any axes size."""
+    """The legend under the x-axis label, where it covers no curve; constrained layout makes room. The drop is
+    counted in points from the tick and label fonts, so it clears them at any axes size."""
     rc = plt.rcParams
     tick_font = FontProperties(size=rc["xtick.labelsize"]).get_size_in_points()
     label_font = FontProperties(size=rc["axes.labelsize"]).get_size_in_points()
@@ -264,12 +249,24 @@ def _legend_below(ax: Axes, title: str | None) -> None:
               frameon=False, title=title, title_fontsize=8, alignment="left")
 
 
+def _on_device(what: str, result: BenchResult, sep: str = "\n") -> str:
+    """``what``, the device's name and, on the simulator, that its times say nothing of a GPU's."""
+    return f"{what}{sep}{result.device_name}" + (f"\n{SIM_LABEL}" if result.backend == "sim" else "")
+
+
 def _title(ax: Axes, result: BenchResult, what: str) -> Axes:
-    title = f"{what}\n{result.device_name}"
-    if result.backend == "sim":
-        title += f"\n{SIM_LABEL}"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(_on_device(what, result), fontsize=10)
     return ax
+
+
+def _median_band(ax: Axes, result: BenchResult, mode: str, label: str) -> tuple[list[int], list[float], list[float]]:
+    """The median latency of ``mode`` with its p10-p90 band; the sizes, medians and p90s drawn."""
+    _, color, marker = _STYLE[mode]
+    sizes, median = result.series(mode, "median_us")
+    p90 = result.series(mode, "p90_us")[1]
+    ax.plot(sizes, median, marker=marker, color=color, label=label)
+    ax.fill_between(sizes, result.series(mode, "p10_us")[1], p90, color=color, alpha=0.25, linewidth=0)
+    return sizes, median, p90
 
 
 def _missing(ax: Axes, result: BenchResult, what: str, why: str) -> Axes:

@@ -21,23 +21,21 @@ from cglab.lab.divergence import (
     verdict,
     verdict_table,
 )
-from cglab.lab.draw import DPI, draw_caches
+from cglab.lab.draw import DPI, draw_caches, expect
 from cglab.lab.interactive import interactive
 from cglab.runner import ModelRunner
 
-__all__ = [
-    "LAYER_MIXES", "MULTI_SELECT_HINT", "cached_repro", "case_label", "decode_explorer", "decode_scenario",
-    "divergence_explorer", "interactive_decode_explorer", "interactive_divergence_explorer",
-    "interactive_latency_explorer", "last_written_slots", "latency_explorer", "verdict", "verdict_table",
-]
+__all__ = ["LAYER_MIXES", "MULTI_SELECT_HINT", "cached_repro", "case_label", "decode_explorer", "decode_scenario",
+           "divergence_explorer", "interactive_decode_explorer", "interactive_divergence_explorer",
+           "interactive_latency_explorer", "last_written_slots", "latency_explorer", "verdict", "verdict_table"]
 
 PROMPT_LENGTHS = (5, 9, 3)  # three requests of different lengths: their blocks fill at different steps
 
 
 def decode_scenario(runner: ModelRunner, steps: int,
                     prompt_lengths: Sequence[int] = PROMPT_LENGTHS) -> list[torch.Tensor]:
-    """Each decode step's logits after an eager prefill of one request per prompt length (eager so every
-    runner starts from identical caches; vLLM dispatches prefills like any batch)."""
+    """Each decode step's logits after an eager prefill of one request per prompt length (eager, so every
+    runner starts from identical caches)."""
     longest = max(prompt_lengths, default=0)
     room = runner.config.max_model_len - longest
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= room:
@@ -53,9 +51,7 @@ def decode_scenario(runner: ModelRunner, steps: int,
 
 def last_written_slots(runner: ModelRunner) -> list[int]:
     """The cache slot of every request's latest token."""
-    bs = runner.config.block_size
-    return [r.slot(r.num_computed_tokens - 1, bs)
-            for r in runner.requests.values()]
+    return [r.slot(r.num_computed_tokens - 1, runner.config.block_size) for r in runner.requests.values()]
 
 
 def decode_explorer(step: int = 4, *, device: str = "cpu") -> Figure:
@@ -69,13 +65,12 @@ def decode_explorer(step: int = 4, *, device: str = "cpu") -> Figure:
 
 def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
                      batch_sizes: Sequence[int] | None = None) -> Figure:
-    """Replay latency against batch size for the chosen modes and batch sizes of a bench result
-    (None: all of them). An empty choice draws no axes, only a line asking for a choice."""
+    """Replay latency against batch size for the chosen modes and batch sizes of a bench result (None: all
+    of them); an empty choice draws only a line asking for one."""
     from cglab.lab.plots import plot_latency
 
-    if not isinstance(result, BenchResult):
-        raise ConfigError(f"latency_explorer takes a BenchResult, e.g. load_results('data/...csv') or run_bench(...); "
-                          f"got {type(result).__name__}")
+    expect(result, BenchResult, "latency_explorer takes a BenchResult, e.g. load_results('data/...csv') or "
+           "run_bench(...)")
     missing = [what for what, chosen in (("mode", modes), ("batch size", batch_sizes))
                if chosen is not None and not chosen]
     if missing:
@@ -88,8 +83,7 @@ def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
 
 
 def _message_figure(message: str) -> Figure:
-    """A figure of one line of text, where a plot would have had nothing to show. The text sits in an
-    axes drawn without frame or ticks: IPython shows a figure with no axes as text only."""
+    """A figure of one line of text, in a frameless axes: IPython shows a figure with no axes as text only."""
     fig = Figure(figsize=(7, 0.4), dpi=DPI)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_axis_off()
@@ -109,8 +103,8 @@ MULTI_SELECT_HINT = "Ctrl-click (Cmd-click on a Mac) picks several modes or batc
 
 
 def interactive_latency_explorer(result: BenchResult) -> Any:
-    """Pick the modes and batch sizes to compare; the latency plot redraws. A line above the lists says
-    how to pick several (a plain click keeps one)."""
+    """Pick the modes and batch sizes to compare; the latency plot redraws. A line above the lists says how
+    to pick several (a plain click keeps one)."""
     import ipywidgets as widgets
 
     modes = result.modes
