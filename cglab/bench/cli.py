@@ -18,6 +18,7 @@ from cglab.bench.modes import MODE_NAMES, POLICIES
 from cglab.cli import PROG, described, examples, int_list, name_list
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError
+from cglab.kernels import KERNEL_SETS
 
 
 def _model_defaults(name: str) -> str:
@@ -53,6 +54,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     p.add_argument("--quick", action="store_true", help="a small CPU-sized run that ends in seconds")
+    p.add_argument("--kernels", choices=KERNEL_SETS,
+                   help="the custom ops' kernels: triton (one fused kernel per op, CUDA only) or aten (their "
+                        "readable bodies); default triton on CUDA when triton imports, else aten")
     p.add_argument("--modes", type=name_list(MODE_NAMES),
                    help=f"row kinds from {', '.join(MODE_NAMES)}; default: every one the device can run "
                         "(reduce_overhead needs a GPU)")
@@ -77,8 +81,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     from cglab.bench import BenchConfig, check_output, run_bench, save_results
     from cglab.bench.report import bench_table
 
-    given = _config_from(args, ("modes", "batch_sizes", "layers", "hidden_size", "num_heads", "dtype", "repeats",
-                                "warmup", "prompt_len", "max_model_len", "seed"))
+    given = _config_from(args, ("kernels", "modes", "batch_sizes", "layers", "hidden_size", "num_heads", "dtype",
+                                "repeats", "warmup", "prompt_len", "max_model_len", "seed"))
     config = BenchConfig.quick_preset(**given) if args.quick else BenchConfig(**given)
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
@@ -86,7 +90,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
         return 0
-    print(f"{result.device_name}, backend {result.backend}")
+    print(f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}")
     if result.backend == "sim":
         print("  CPU simulator of CUDA graphs: semantics only, not GPU speed")
     print(bench_table(result))

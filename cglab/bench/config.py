@@ -17,6 +17,7 @@ from cglab.config import (
     parse_layer_pattern,
 )
 from cglab.errors import ConfigError
+from cglab.kernels import check_kernels
 
 __all__ = ["LIMIT_NOTE", "MAX_BATCH", "MAX_LAYERS", "MAX_MEMORY_GIB", "BenchConfig", "check_bounds",
            "memory_estimate"]
@@ -95,6 +96,7 @@ class BenchConfig:
     repeats: int = 300  # timed steps per mode and batch size
     warmup: int = 20  # untimed steps first (lazy init, clocks, caches, compiles of the peer)
     device: str = "cpu"
+    kernels: str | None = None  # the custom ops' kernels, "aten" or "triton"; None: triton on CUDA, aten on the CPU
     prompt_len: int = 32  # history of every request before the timed decode step
     max_model_len: int = 128
     profile_steps: int = 3  # profiled steps per mode and batch size (kernel floor, launches)
@@ -108,6 +110,7 @@ class BenchConfig:
         set_(self, "batch_sizes", tuple(sorted(set(sizes))))
         device_type = str(self.device).split(":")[0]
         set_(self, "modes", parse_modes(self.modes, device_type))
+        set_(self, "kernels", check_kernels(self.kernels, device_type))
         check_bounds(self, _BOUNDS)
         if self.max_model_len <= self.prompt_len:
             raise ConfigError(f"max_model_len ({self.max_model_len}) must exceed prompt_len ({self.prompt_len}): "

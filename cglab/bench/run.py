@@ -26,6 +26,7 @@ from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import ConfigError
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
+from cglab.kernels import triton_launches, use_kernels
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
 __all__ = ["build_order", "count_launches", "run_bench"]
@@ -48,6 +49,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     environment = collect_environment(device)  # the date is the run's start
     environment["piecewise_flavor"] = "breakable"  # what the "piecewise" rows measure (the plain model)
     environment["row_kinds"] = {m: BENCH_MODES[m].description for m in config.modes}
+    environment["kernels"] = config.kernels  # the custom ops' kernels: aten bodies or Triton kernels
     gen = torch.Generator().manual_seed(config.seed + 1)
     pool = toy.max_num_reqs
     prompts = torch.randint(0, toy.vocab_size, (pool, config.prompt_len), generator=gen).tolist()
@@ -58,7 +60,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
     runners: dict[str, ModelRunner] = {}
     skips_before = cudagraph_skips()
-    with cpu_threads(1 if device.type == "cpu" else None), _progress_bar(len(rounds) * len(keys), progress) as status:
+    with (cpu_threads(1 if device.type == "cpu" else None), use_kernels(config.kernels),
+          _progress_bar(len(rounds) * len(keys), progress) as status):
         try:
             # The peer first, with every graph of its recorded before any engine captures one: torch's
             # graph trees clear cuBLAS's workspaces whenever they record, and an engine graph captured
@@ -202,16 +205,18 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
     that run outside the segments (attention at the breaks) are counted one by one.
     """
     desc = prepared.descriptor
+    triton_before = triton_launches()  # Triton kernels run outside graphs; those inside never call Python
     if desc.cg_mode is CUDAGraphMode.NONE:
         with OpCounter() as counter:
             runner.execute(prepared)
-        return counter.count, counter.count, 0, 0
+        eager_ops = counter.count + triton_launches() - triton_before
+        return eager_ops, eager_ops, 0, 0
     graphs = runner.captured_graphs(desc)
     counter = OpCounter()
     segments = [step for graph in graphs for step in graph.steps if isinstance(step, GraphSegment)]
     with _uncounted(segments, counter), counter:
         runner.execute(prepared)
-    eager_ops = counter.count
+    eager_ops = counter.count + triton_launches() - triton_before
     # The eager breaks: a breakable graph's eager steps, or the splitting ops between compiled pieces.
     compiled = runner.compiled_backend
     breaks = (sum(item.is_splitting_graph for item in compiled.items) if compiled is not None and
@@ -226,9 +231,9 @@ def _row(mode: str, batch_size: int, backend: str, samples: Samples, config: Ben
         launches, kernels, segments, breaks = (math.nan,) * 4
     else:
         launches, kernels, segments, breaks = count_launches(runner, prepared)
-    # FULL graphs (and the peer's) froze capture-safe metadata (the model's whole key range, a toy artefact:
-    # vLLM's kernels stop at the live seq_lens); the others read the live one.
-    frozen = kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead"
+    # FULL graphs (and the peer's) froze capture-safe metadata: the aten body reads the model's whole key
+    # range there (a toy artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
+    frozen = (kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead") and config.kernels == "aten"
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
     median, p10, p90 = stats(samples.device)
     host_median, host_p10, host_p90 = stats(samples.host)

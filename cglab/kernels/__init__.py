@@ -22,13 +22,14 @@ if TYPE_CHECKING:  # no torch import at the top: the CLI checks options before i
     import torch
 
 __all__ = ["KERNEL_SETS", "check_kernels", "default_kernels", "kernels_in_use", "triton_available",
-           "triton_kernel", "use_kernels"]
+           "triton_kernel", "triton_launches", "use_kernels"]
 
 KERNEL_SETS = ("aten", "triton")
-# op name -> (module of this package, function): the Triton launcher of that op.
-_LAUNCHERS = {"unified_attention": ("attention", "unified_attention"), "short_conv": ("sconv", "short_conv"),
-              "compressor": ("compressor", "compressor"), "linear_attention": ("linear_attn", "linear_attention")}
+# op name -> (module of this package, its launcher, kernels one call launches).
+_LAUNCHERS = {"unified_attention": ("attention", "unified_attention", 1), "short_conv": ("sconv", "short_conv", 1),
+              "compressor": ("compressor", "compressor", 2)}
 _forced: str | None = None  # None: per call, Triton for CUDA tensors when it imports, aten otherwise
+_launched = 0  # Triton kernels launched so far: invisible to a TorchDispatchMode, so counted here
 
 
 @cache
@@ -78,8 +79,20 @@ def use_kernels(kernels: str | None) -> Iterator[None]:
 
 
 def triton_kernel(op_name: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
-    """The Triton launcher of ``op_name`` if it should run for ``tensor``; None: run the aten body."""
+    """The Triton launcher of ``op_name`` if it should run for ``tensor`` (counted as launched); None:
+    run the aten body."""
+    global _launched
     if op_name not in _LAUNCHERS or kernels_in_use(tensor.device.type) != "triton":
         return None
-    module, function = _LAUNCHERS[op_name]
+    _launched += _LAUNCHERS[op_name][2]
+    return _launcher(op_name)
+
+
+def triton_launches() -> int:
+    """Triton kernels launched by the ops so far in this process (the bench's launch count adds them)."""
+    return _launched
+
+
+def _launcher(op_name: str) -> Callable[..., Any]:
+    module, function, _ = _LAUNCHERS[op_name]
     return getattr(importlib.import_module(f"cglab.kernels.{module}"), function)
