@@ -121,6 +121,17 @@ MUTATIONS = [
     Mutation("sconv-profiling-zeros", "the short conv's profiling branch returns zeros instead of its input",
              "cglab/layers/sconv.py", "        output.copy_(x)\n        return",
              "        output.zero_()\n        return", ("tests/test_step_outputs.py",)),
+    # ---------------------------------------------------------------- Triton kernels (their tests need triton
+    # importable: on a GPU machine, or installed for the interpreter; without it they skip and these survive)
+    Mutation("triton-attention-key-off-by-one", "the Triton attention's key loop stops one key short (no own key)",
+             "cglab/kernels/attention.py", "tl.minimum(position + 1, seq_len)", "tl.minimum(position, seq_len)",
+             ("tests/test_triton_kernels.py",)),
+    Mutation("triton-sconv-writes-pad-slots", "the Triton short conv stores padding rows at slot -1",
+             "cglab/kernels/sconv.py", "    if slot >= 0:  # a padding row", "    if slot >= -1:  # a padding row",
+             ("tests/test_triton_kernels.py",)),
+    Mutation("triton-compressor-writes-pad-slots", "the Triton compressor writes entries of tokens that complete "
+             "no group at slot -1", "cglab/kernels/compressor.py", "    if entry_slot >= 0:",
+             "    if entry_slot >= -1:", ("tests/test_triton_kernels.py",)),
     # ---------------------------------------------------------------- the verdict path
     Mutation("tolerance-loosened", "the comparison tolerance loosened 1000x",
              "cglab/repro.py", 'return 1e-4 if dtype == "float32"', 'return 1e-1 if dtype == "float32"',
