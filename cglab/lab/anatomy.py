@@ -41,12 +41,9 @@ class Piece:
 
 def _op_of_impl() -> dict[CodeType, str]:
     """The code of each cglab custom op's Python body -> the op's name (``"cglab::short_conv"``)."""
-    found = {}
-    for name in registered_op_names():
-        impl = custom_op_impl(getattr(torch.ops.cglab, name.split("::")[1]).default)
-        if impl is not None:
-            found[inspect.unwrap(impl).__code__] = name
-    return found
+    impls = {name: custom_op_impl(getattr(torch.ops.cglab, name.split("::")[1]).default)
+             for name in registered_op_names()}
+    return {inspect.unwrap(impl).__code__: name for name, impl in impls.items() if impl is not None}
 
 
 def _eager_op(step: EagerStep) -> str:
@@ -69,18 +66,16 @@ def _span_and_ops(gm: torch.fx.GraphModule) -> tuple[str, str]:
     """The first and last module a piece covers, and the custom ops it calls."""
     nodes = [n for n in gm.graph.nodes if n.op.startswith("call_")]
     paths = [p for p in map(_module_path, nodes) if p]
-    ops = [n for n in map(op_name, nodes) if n]
     span = "" if not paths else paths[0] if paths[0] == paths[-1] else f"{paths[0]} … {paths[-1]}"
-    return span, ", ".join(ops)
+    return span, ", ".join(n for n in map(op_name, nodes) if n)
 
 
 def steps_as_pieces(graph: CapturedGraph) -> list[Piece]:
-    pieces = []
+    """A plain capture's steps, in order: its segments (graphs) and eager steps."""
+    pieces: list[Piece] = []
     for step in graph.steps:
-        if isinstance(step, EagerStep):
-            pieces.append(Piece("eager step", True, op=_eager_op(step)))
-        else:
-            pieces.append(Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops))
+        pieces.append(Piece("eager step", True, op=_eager_op(step)) if isinstance(step, EagerStep)
+                      else Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops))
     return pieces
 
 
@@ -170,64 +165,52 @@ class _ReplayTracer:
     step's preparation runs in every mode); calls it has no label for are left out, their callees are not."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.compiled = runner.compiled_backend
-        self.kernels = _op_of_impl()
+        self.where, self.compiled, self.kernels = _where(runner), runner.compiled_backend, _op_of_impl()
         self.module_names = {id(m): name for name, m in runner.model.named_modules()}
-        self.forward_code = ToyTransformer.forward.__code__
         self.lines: list[str] = []
         self.stack: list[tuple[FrameType, bool]] = []  # frames entered since execute; True if listed
-        self.started = self.done = False
+        self.done = False
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if self.done:
+        if self.done or (not self.stack and frame.f_code is not ModelRunner.execute.__code__):
             return
         if event == "call":
-            if not self.started:
-                if frame.f_code is not ModelRunner.execute.__code__:
-                    return
-                self.started = True
             label = self.label(frame)
             if label is not None:
-                depth = sum(listed for _, listed in self.stack)
-                self.lines.append("  " * depth + label)
+                self.lines.append("  " * sum(listed for _, listed in self.stack) + label)
             self.stack.append((frame, label is not None))
-        elif event == "return" and self.stack and self.stack[-1][0] is frame:
+        elif event == "return" and self.stack[-1][0] is frame:
             self.stack.pop()
             self.done = not self.stack  # ModelRunner.execute returned
-
-    def _parent_is_wrapper(self) -> bool:
-        listed = [f for f, shown in self.stack if shown]
-        return bool(listed) and isinstance(listed[-1].f_locals.get("self"), CUDAGraphWrapper)
 
     def label(self, frame: FrameType) -> str | None:
         code, this = frame.f_code, frame.f_locals.get("self")
         if code is ModelRunner.execute.__code__:
-            return f"ModelRunner.execute: {frame.f_locals['prepared'].descriptor} ({_where(self.runner)})"
+            return f"ModelRunner.execute: {frame.f_locals['prepared'].descriptor} ({self.where})"
         if code in self.kernels:
             return f"{code.co_name}: the Python body of {self.kernels[code]}, run eagerly"
         if code.co_name == "replay" and isinstance(this, GraphSegment):
             return f"graph replay: {this.num_ops} ops, as recorded at capture"
         if code.co_name == "run_fullgraph":
             return "CudaGraphManager.run_fullgraph: replays the FULL graph, no forward context"
-        if code.co_name == "replay" and isinstance(this, CapturedGraph):
-            return None if self._parent_is_wrapper() else "CapturedGraph.replay: the recorded steps, in order"
+        if code.co_name == "replay" and isinstance(this, CapturedGraph):  # under a wrapper: the wrapper says it
+            caller = next(f for f, listed in reversed(self.stack) if listed).f_locals.get("self")
+            if not isinstance(caller, CUDAGraphWrapper):
+                return "CapturedGraph.replay: the recorded steps, in order"
         if code.co_name == "replay" and isinstance(this, EagerStep):
             return "EagerStep.replay"
         if code.co_name == "forward" and isinstance(this, CUDAGraphWrapper):
             mode = get_forward_context().cg_mode
-            if mode is this.runtime_mode:
-                return f"CUDAGraphWrapper({this.name}): replays its graph for this descriptor"
-            return f"CUDAGraphWrapper({this.name}): mode {mode.name} is not its own, so it runs the piece"
+            what = "replays its graph for this descriptor" if mode is this.runtime_mode else (
+                f"mode {mode.name} is not its own, so it runs the piece")
+            return f"CUDAGraphWrapper({this.name}): {what}"
         if code.co_name == "forward" and isinstance(this, torch.fx.GraphModule) and self.compiled is not None:
             if this is self.compiled.split_gm:
                 return "split graph forward (Python generated by the compiler): calls the submodules in order"
             item = next((i for i in self.compiled.items if i.graph is this), None)
-            if item is None:
-                return None
-            what = "a splitting op" if item.is_splitting_graph else "a piece, run eagerly"
-            return f"{item.submod_name}.forward (generated Python of {what})"
-        if code.co_name == "forward" and isinstance(this, ToyTransformer) and code != self.forward_code:
+            what = "a splitting op" if item and item.is_splitting_graph else "a piece, run eagerly"
+            return None if item is None else f"{item.submod_name}.forward (generated Python of {what})"
+        if code.co_name == "forward" and isinstance(this, ToyTransformer) and code != ToyTransformer.forward.__code__:
             return "ToyTransformer.forward, as rewritten by dynamo: calls the compiled graph"
         if code.co_name == "forward" and isinstance(this, nn.Module) and id(this) in self.module_names:
             name = self.module_names[id(this)]

@@ -16,11 +16,9 @@ from cglab.lab.draw import draw_divergence, expect
 from cglab.lab.interactive import ControlState, interactive
 from cglab.repro import ReproResult, run_repro
 
-__all__ = [
-    "CHUNKED_STEPS", "DIVERGENCE_MODES", "LAYER_MIXES", "PREFILL_CHUNK", "cached_repro", "case_label",
-    "divergence_control_state", "divergence_explorer", "divergence_notes", "interactive_divergence_explorer",
-    "verdict", "verdict_table",
-]
+__all__ = ["CHUNKED_STEPS", "DIVERGENCE_MODES", "LAYER_MIXES", "PREFILL_CHUNK", "cached_repro", "case_label",
+           "divergence_control_state", "divergence_explorer", "divergence_notes", "interactive_divergence_explorer",
+           "verdict", "verdict_table"]
 
 LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "attn,attn")
 DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full", "none")

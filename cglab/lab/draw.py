@@ -3,9 +3,11 @@ pyplot's (a notebook shows each once, a test needs no display); text pictures ar
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.colors import to_rgb
@@ -14,10 +16,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import offset_copy
 
+from cglab import __version__
 from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
+from cglab.compilation.backends import auto_compiler
 from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int
 from cglab.errors import ConfigError
-from cglab.graphs import CapturedGraph
+from cglab.graphs import CapturedGraph, get_backend
 from cglab.lab.anatomy import Piece, steps_as_pieces
 from cglab.lab.plots import MODE_COLORS, path_colors
 from cglab.repro import ReproResult
@@ -45,14 +49,6 @@ def expect(value: object, kind: type, what: str) -> None:
 
 def describe_environment(device: str = "cpu") -> str:
     """Versions and the graph backend a notebook runs on, one per line."""
-    import platform
-
-    import matplotlib
-
-    from cglab import __version__
-    from cglab.compilation.backends import auto_compiler
-    from cglab.graphs import get_backend
-
     backend = get_backend("auto", device)
     cuda = torch.version.cuda or "none (CPU build)"
     try:  # a plain PyTorch install (a GPU box's, say) may lack it; only the widget cells need it
@@ -81,12 +77,10 @@ def describe_step(prepared: PreparedStep) -> str:
             "describe_step(runner.prepare_step({'req0': [1]}))")
     batch, desc = prepared.input_batch, prepared.descriptor
     slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
-    return "\n".join([
-        f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)",
-        f"  query_start_loc {batch.query_start_loc.tolist()}",
-        f"  seq_lens        {batch.seq_lens.tolist()}",
-        f"  slot_mapping    {slot_mapping.tolist()}",
-    ])
+    return (f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)\n"
+            f"  query_start_loc {batch.query_start_loc.tolist()}\n"
+            f"  seq_lens        {batch.seq_lens.tolist()}\n"
+            f"  slot_mapping    {slot_mapping.tolist()}")
 
 
 def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) -> np.ndarray:
@@ -117,11 +111,10 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     # Per slot: its request has a token there; the slot's compressor group is complete.
     stored, group_done = np.zeros((2, num_slots), dtype=bool)
     for i, r in enumerate(requests):
-        for pos in range(len(r.block_ids) * bs):
-            slot = r.slot(pos, bs)
-            owner[slot] = i
-            stored[slot] = pos < r.num_computed_tokens
-            group_done[slot] = (pos // ratio + 1) * ratio <= r.num_computed_tokens
+        pos = np.arange(len(r.block_ids) * bs)
+        slots = [r.slot(p, bs) for p in pos]
+        owner[slots], stored[slots] = i, pos < r.num_computed_tokens
+        group_done[slots] = (pos // ratio + 1) * ratio <= r.num_computed_tokens
     colors = [to_rgb(_PALETTE[i % len(_PALETTE)]) for i in range(len(requests))]
     by_owner = np.array([*colors, _FREE])  # owner -1 (no request): free
     states = runner.state_tensors()
@@ -154,8 +147,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
         legend.append(Line2D([], [], ls="none", marker="v", color="black", ms=_MARKER_PT,
                              label="slot the last step wrote\n(its slot mapping)"))
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    ax.set_title(title or "paged caches (triangles: the slots this step writes)",
-                 pad=_MARKER_RISE_PT + _MARKER_PT + 4)
+    ax.set_title(title or "paged caches (triangles: the slots this step writes)", pad=_MARKER_RISE_PT + _MARKER_PT + 4)
     fig.tight_layout()
     return fig
 

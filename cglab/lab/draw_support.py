@@ -82,8 +82,7 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
                       for i, level in enumerate(levels)]
         for x, text, color in cells:
             image[y, x] = color
-            ax.text(x, y, text, ha="center", va="center", fontsize=7.5,
-                    color="black" if color == _INFO else "white")
+            ax.text(x, y, text, ha="center", va="center", fontsize=7.5, color="black" if color == _INFO else "white")
     ax.imshow(image, aspect="auto", interpolation="nearest")
     for x in range(columns + 1):
         ax.axvline(x - 0.5, color="white", lw=2)

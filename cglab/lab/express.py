@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from cglab.batch import BatchExecutionDescriptor
 from cglab.config import CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs.sim import SimSegment
@@ -28,23 +27,19 @@ def _short(func: object) -> str:
     return parts[1] if len(parts) >= 2 and parts[0] == "aten" else str(func)
 
 
-def recorded_ops(runner: ModelRunner, piece: str = "submod_0",
-                 desc: BatchExecutionDescriptor | None = None) -> list[str]:
-    """The ops compiled piece ``piece`` recorded for ``desc`` (default: the first PIECEWISE descriptor), in
-    order, as short aten names. Only the simulator keeps them: a CUDA graph keeps kernels, not names."""
+def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
+    """The ops compiled piece ``piece`` recorded for the first PIECEWISE descriptor, in order, as short aten
+    names. Only the simulator keeps them: a CUDA graph keeps kernels, not names."""
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers or not runner.graph_replays():
         raise ConfigError("recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
                           "ModelRunner(config, 'piecewise') (compiled, the default)")
-    if desc is None:
-        desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
+    desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
     wrapper = compiled.wrappers.get(piece)
     if wrapper is None:
         split = any(i.submod_name == piece for i in compiled.items)
         what = "a splitting op, run eagerly: it records nothing" if split else "not a piece of this graph"
         raise ConfigError(f"{piece} is {what}; the captured pieces are {', '.join(compiled.wrappers)}")
-    if desc not in wrapper.entries:
-        raise ConfigError(f"{piece} has no graph for {desc}; captured: {', '.join(map(str, wrapper.entries))}")
     ops = []
     for step in wrapper.entries[desc].graph.steps:
         if not isinstance(step, SimSegment):
@@ -98,8 +93,7 @@ def draw_recordings(first: Sequence[str], second: Sequence[str], piece: str = "s
     for y, row in enumerate(rows):
         for x, present in ((0, row.in_first), (1, row.in_second)):
             color = "white" if not present else _LOST if row.in_first != row.in_second else _KEPT
-            ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black",
-                    hatch="" if present else "//")
+            ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black", hatch="" if present else "//")
             ax.text(x + 0.5, -y, row.op if present else "nothing recorded", ha="center", va="center",
                     fontsize=7, color="white" if present else "black",
                     bbox=None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1})

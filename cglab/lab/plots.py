@@ -50,21 +50,20 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
     ax = _axes(ax)
     if "none" not in result.modes:
         return _missing(ax, result, "Speed-up over eager", "needs the eager mode (none) in the run")
-    eager = _by_size(result, "none", "median_us")
-    eager_launches = _by_size(result, "none", "launches")
-    first = _all_sizes(result)[0]
+    eager, first = _by_size(result, "none", "median_us"), _all_sizes(result)[0]
     for mode in (m for m in result.modes if m != "none"):
         label, color, marker = _STYLE[mode]
         sizes, median = result.series(mode, "median_us")
         ratio = [eager[s] / m for s, m in zip(sizes, median)]
-        launches = _by_size(result, mode, "launches")
-        at_first = f": {ratio[0]:.1f}x, {_launches(launches[sizes[0]])}" if sizes[0] == first else ""
+        launches = _launches(_by_size(result, mode, "launches")[first]) if sizes[0] == first else ""
+        at_first = f": {ratio[0]:.1f}x, {launches}" if launches else ""
         ax.plot(sizes, ratio, marker=marker, color=color, label=label + at_first)
     ax.axhline(1.0, color="gray", linewidth=1, linestyle=":")
     ax.set_ylabel("speed-up over eager (median latency ratio)")
     ax.set_ylim(bottom=0)
+    eager_launches = _launches(_by_size(result, "none", "launches").get(first, math.nan))
     return _finish(ax, result, "Speed-up over eager", _all_sizes(result),
-                   legend_title=f"at batch {first} (eager: {_launches(eager_launches.get(first, math.nan))})")
+                   legend_title=f"at batch {first} (eager: {eager_launches})")
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -123,8 +122,7 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
     _roofline(ax, result)
     ax.set_xticks(list(x), [r["label"].replace(" ", "\n", 1) for r in rows], fontsize=8)
     ax.set_yscale("log")
-    tallest = max(r["median_us"] for r in rows)
-    ax.set_ylim(top=tallest * 6)  # room for the labels above the bars, and for the legend
+    ax.set_ylim(top=max(r["median_us"] for r in rows) * 6)  # room for the labels above the bars, and the legend
     ax.set_ylabel("step latency, µs (median, log scale)")
     ax.grid(True, axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

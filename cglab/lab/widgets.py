@@ -91,11 +91,11 @@ def _message_figure(message: str) -> Figure:
     return fig
 
 
-def interactive_decode_explorer(*, device: str = "cpu", max_step: int = 12) -> Any:
+def interactive_decode_explorer(*, device: str = "cpu") -> Any:
     """A slider over decode steps; the caches redraw at each step."""
     import ipywidgets as widgets
 
-    step = widgets.IntSlider(value=4, min=0, max=max_step, description="decode step")
+    step = widgets.IntSlider(value=4, min=0, max=12, description="decode step")
     return interactive(decode_explorer, {"step": step}, device=device)
 
 
