@@ -82,7 +82,7 @@ MUTATIONS = [
              "cglab/compilation/cuda_graph.py", "        if self.check_addresses:\n            self._check(",
              "        if False:\n            self._check(", ("tests/test_compiled_piecewise.py",)),
     Mutation("wrapper-captures-while-serving", "a piece wrapper captures a new graph in the middle of serving",
-             "cglab/compilation/cuda_graph.py", "        if not _capturing_enabled:", "        if False:",
+             "cglab/compilation/cuda_graph.py", "        if not _CAPTURING_ENABLED.get():", "        if False:",
              ("tests/test_compiled_piecewise.py",)),
     # ---------------------------------------------------------------- metadata, buffers, batches
     Mutation("real-tokens-off-by-one", "`_real_tokens` counts the first padding row as real",

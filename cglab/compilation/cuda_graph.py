@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,19 +23,20 @@ from cglab.errors import AddressChangedError, CaptureError
 from cglab.forward_context import get_forward_context
 from cglab.graphs import CapturedGraph, GraphBackend
 
-_capturing_enabled = False
+# Whether wrappers may capture: a ContextVar, as the capture in progress is (``graphs.is_capturing``),
+# so one thread's capture never lets another thread's wrappers record.
+_CAPTURING_ENABLED: ContextVar[bool] = ContextVar("cglab_cudagraph_capturing_enabled", default=False)
 
 
 @contextlib.contextmanager
 def cudagraph_capturing_enabled() -> Iterator[None]:
     """Let wrappers capture new graphs; outside it a PIECEWISE step with no graph is an error, since
     capturing in the middle of serving would record whatever batch happens to be running."""
-    global _capturing_enabled
-    previous, _capturing_enabled = _capturing_enabled, True
+    token = _CAPTURING_ENABLED.set(True)
     try:
         yield
     finally:
-        _capturing_enabled = previous
+        _CAPTURING_ENABLED.reset(token)
 
 
 @dataclass
@@ -88,7 +90,7 @@ class CUDAGraphWrapper(nn.Module):
         entry.replays += 1
 
     def _capture(self, desc: Any, args: tuple[Any, ...]) -> Any:
-        if not _capturing_enabled:
+        if not _CAPTURING_ENABLED.get():
             captured = ", ".join(map(str, self.entries)) or "none"
             raise CaptureError(f"{self.name} has no graph for {desc} (captured: {captured}) and graphs are only "
                                "captured at start-up; dispatch the batch to a captured size or run it eagerly")
