@@ -24,7 +24,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 if HAS_TRITON and not CUDA and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: cglab's imports import it (via dynamo)
 
-from cglab import BlockTables, InputBatch, InputBuffers, ToyConfig, prepare_attn  # noqa: E402
+from cglab import BlockTables, InputBatch, InputBuffers, ModelRunner, ToyConfig, prepare_attn  # noqa: E402
 from cglab.forward_context import set_forward_context  # noqa: E402
 from cglab.kernels import use_kernels  # noqa: E402
 from cglab.layers import compressor, short_conv, unified_attention  # noqa: E402
@@ -201,3 +201,39 @@ def test_compressor_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
     _close(triton[1], aten[1], "output")
     assert torch.equal(triton[2][:-1], aten[2][:-1]), "the state cache differs"
     _close(triton[3][:-1], aten[3][:-1], "the compressed cache")
+
+
+# Chunked prefill beside decodes, then decode batches of changing size: ``(request, prompt length or
+# None, new tokens)`` per step.
+SCHEDULE = [
+    {"a": (9, [1, 2, 3, 4, 5]), "b": (3, [6, 7, 8])},
+    {"a": (None, [9, 10, 11, 12]), "b": (None, [13]), "c": (6, [14, 15, 16])},
+    {"a": (None, [17]), "b": (None, [18]), "c": (None, [19, 20, 21])},
+    {"a": (None, [22]), "c": (None, [23])},
+    {"a": (None, [24]), "b": (None, [25]), "c": (None, [26])},
+]
+
+
+def _serve(mode: str, kernels: str) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    runner = ModelRunner(ToyConfig(), mode, device=DEVICE)
+    logits = []
+    with use_kernels(kernels):
+        for step in SCHEDULE:
+            for request, (prompt_len, _) in step.items():
+                if prompt_len is not None:
+                    runner.add_request(request, prompt_len)
+            logits.append(runner.step({request: tokens for request, (_, tokens) in step.items()}).logits)
+    runner.close()
+    return logits, runner.state_tensors()
+
+
+@pytest.mark.parametrize("mode", ["none", *(["full_and_piecewise", "full", "piecewise"] if CUDA else [])])
+def test_the_engine_serves_the_same_tokens_with_either_kernel_set(mode: str) -> None:
+    """Whole steps through the engine: Triton kernels (replayed inside graphs, on a GPU) against the
+    eager aten reference, logits and every cache."""
+    expected, expected_state = _serve("none", "aten")
+    got, state = _serve(mode, "triton")
+    for step, (a, b) in enumerate(zip(got, expected)):
+        _close(a, b, f"step {step} logits")
+    for name, tensor in expected_state.items():
+        _close(state[name], tensor, name)
