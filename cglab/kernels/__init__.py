@@ -27,7 +27,7 @@ __all__ = ["KERNEL_SETS", "check_kernels", "default_kernels", "kernels_in_use", 
 KERNEL_SETS = ("aten", "triton")
 # op name -> (module of this package, its launcher, kernels one call launches).
 _LAUNCHERS = {"unified_attention": ("attention", "unified_attention", 1), "short_conv": ("sconv", "short_conv", 1),
-              "compressor": ("compressor", "compressor", 2)}
+              "compressor": ("compressor", "compressor", 2), "linear_attention": ("linear_attn", "linear_attention", 1)}
 _forced: str | None = None  # None: per call, Triton for CUDA tensors when it imports, aten otherwise
 _launched = 0  # Triton kernels launched so far: invisible to a TorchDispatchMode, so counted here
 
