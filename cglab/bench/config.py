@@ -84,7 +84,8 @@ class BenchConfig:
     """What to measure; the defaults are the GPU-sized model (8 layers, hidden 1024, bf16, batch 1-256).
 
     ``modes=None``: every row kind the device can measure. ``max_model_len`` is small on purpose: the
-    toy's FULL attention reads that many keys (a toy artefact), which would make the gather the story.
+    toy's FULL attention reads that many keys with the aten kernels (a toy artefact; the Triton kernel
+    reads the live ones), which would make the gather the story.
     Capture sizes equal the batch sizes, so no padding is timed."""
 
     layers: str = "sconv,attn,compressor,attn,sconv,attn,compressor,attn"

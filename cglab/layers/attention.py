@@ -1,7 +1,8 @@
 """Paged attention, the custom op ``cglab::unified_attention`` PIECEWISE graphs split at (vLLM:
 ``unified_attention_with_output``, ``vllm/compilation/breakable_cudagraph.py``); it runs eagerly at
-every step and reads live metadata. The key range is the host-side ``max_seq_len`` (``max_model_len``
-in capture metadata: a toy artefact; vLLM's kernels read ``seq_lens`` on the device)."""
+every step and reads live metadata. The aten body's key range is the host-side ``max_seq_len``
+(``max_model_len`` in capture metadata: a toy artefact); on CUDA the Triton kernel (``cglab/kernels``)
+stops at each request's ``seq_lens``, read on the device, as vLLM's kernels do."""
 
 from __future__ import annotations
 
