@@ -108,8 +108,7 @@ def graph_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = No
 
 def _flavor(runner: ModelRunner, desc: BatchExecutionDescriptor) -> str:
     if desc.cg_mode is CUDAGraphMode.FULL:
-        compiled = runner.compiled_backend is not None
-        return f"one capture of the {'compiled, split ' if compiled else ''}model"
+        return f"one capture of the {'compiled, split ' if runner.compiled_backend is not None else ''}model"
     if runner.compilation_config.use_breakable_cg:
         return "breakable, cut at its eager breaks"
     if not runner.splitting_ops:

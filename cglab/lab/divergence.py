@@ -168,11 +168,9 @@ def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: 
     first = max(len(m) for m in layer_mixes)
     lines = [" " * first + " | " + " | ".join(f"{h[i]:^{w}}" for h, w in zip(headers, widths)) for i in (0, 1)]
     for layers in layer_mixes:
-        cells = []
-        for mode, legacy, flavor in full_cases:
-            result = cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers,
-                                  steps=steps, device=device, **repro_options)
-            cells.append("FAILED" if result.error else "DIVERGED" if result.diverged else "ok")
+        results = [cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers, steps=steps,
+                                device=device, **repro_options) for mode, legacy, flavor in full_cases]
+        cells = ["FAILED" if r.error else "DIVERGED" if r.diverged else "ok" for r in results]
         lines.append(f"{layers:<{first}} | " + " | ".join(f"{c:^{w}}" for c, w in zip(cells, widths)))
     return "\n".join(line.rstrip() for line in lines)
 
