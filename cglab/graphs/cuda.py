@@ -14,6 +14,7 @@ import torch
 from cglab.errors import CaptureError, ConfigError
 from cglab.graphs.capture_driver import CaptureSession, GraphBackend, GraphSegment
 from cglab.graphs.ops import OpCounter, _host_sync_error
+from cglab.kernels import triton_launches
 
 __all__ = ["CudaBackend", "CudaSegment"]
 
@@ -67,6 +68,7 @@ class _CudaSession(CaptureSession):
         self._mode = OpCounter(check_host_syncs=True, active=False)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._index = -1
+        self._launches_before = 0
         self._stack = contextlib.ExitStack()
         self._gc_was_enabled = True
 
@@ -96,6 +98,7 @@ class _CudaSession(CaptureSession):
         graph = torch.cuda.CUDAGraph()
         self._graph, self._index = graph, index
         self._mode.count = 0
+        self._launches_before = triton_launches()
         graph.capture_begin(pool=self._backend.pool)
         self._mode.active = True
 
@@ -108,7 +111,9 @@ class _CudaSession(CaptureSession):
         except BaseException:
             self._backend._forget_pool_after_failure(graph)
             raise
-        return CudaSegment(self._index, graph, self._mode.count, self._backend)
+        # A Triton launch is no aten op, so the counter misses it: the kernels package counts them.
+        launched = triton_launches() - self._launches_before
+        return CudaSegment(self._index, graph, self._mode.count + launched, self._backend)
 
     def abandon_segment(self) -> None:
         graph, self._graph = self._graph, None
