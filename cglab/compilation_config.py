@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cglab.config import OP_OF_KIND, CUDAGraphMode, check_no_empty_item, check_num_speculative_tokens
+from cglab.config import (
+    OP_OF_KIND,
+    CUDAGraphMode,
+    ToyConfig,
+    check_no_empty_item,
+    check_num_speculative_tokens,
+    check_sizes,
+    dummy_longest_request,
+)
 from cglab.errors import ConfigError
 
 COMPILE_BACKENDS = ("auto", "eager", "inductor")
 GRAPH_BACKENDS = ("auto", "sim", "cuda")
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -17,6 +26,7 @@ class CompilationConfig:
     """How the model is compiled and its CUDA graphs captured.
 
     ``cudagraph_mode``: a runtime mode or a policy (``"full_and_piecewise"`` is vLLM's default).
+    ``cudagraph_capture_sizes``: the token counts graphs are captured for (sorted; empty: none).
     ``use_breakable_cg``: PIECEWISE as one breakable capture of the plain model, instead of
     torch.compile pieces split at ``splitting_ops`` (None: the model's attention ops).
     ``backend``: how compiled pieces are compiled; ``"auto"`` is inductor on CUDA and the FX piece
@@ -30,6 +40,7 @@ class CompilationConfig:
     """
 
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     use_breakable_cg: bool = False
     splitting_ops: tuple[str, ...] | None = None
     backend: str = "auto"
@@ -40,6 +51,9 @@ class CompilationConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CUDAGraphMode.parse(self.cudagraph_mode))
+        sizes = check_sizes("capture size", self.cudagraph_capture_sizes, example="(1, 2, 4, 8)", allow_empty=True,
+                            distinct=True)
+        object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(sizes)))
         for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -58,6 +72,24 @@ class CompilationConfig:
     def of(cls, value: CompilationConfig | str | CUDAGraphMode) -> CompilationConfig:
         """``value`` itself, or a mode name as shorthand for a config with only that mode."""
         return value if isinstance(value, CompilationConfig) else cls(cudagraph_mode=value)
+
+    def check_capture_sizes(self, config: ToyConfig) -> None:
+        """Every capture size fits ``config`` (vLLM checks them against the scheduler's limits): no more
+        tokens than a step may hold, and a dummy capture batch whose longest request fits a request."""
+        sizes = self.cudagraph_capture_sizes
+        if sizes and max(sizes) > config.max_num_batched_tokens:
+            raise ConfigError(f"capture size {max(sizes)} exceeds max_num_batched_tokens "
+                              f"({config.max_num_batched_tokens}); raise max_num_batched_tokens or drop that size")
+        # The capture batch is a real batch to the metadata builders: a request longer than
+        # max_model_len would index past its block-table row.
+        too_long = [s for s in sizes if dummy_longest_request(s, config.max_num_reqs) > config.max_model_len]
+        if too_long:
+            s = min(too_long)
+            longest = dummy_longest_request(s, config.max_num_reqs)
+            raise ConfigError(
+                f"capture size {s} does not fit: its capture batch puts {longest} tokens in one request "
+                f"(max_num_reqs {config.max_num_reqs}), above max_model_len "
+                f"({config.max_model_len}); raise max_model_len or max_num_reqs, or drop that size")
 
     @property
     def piecewise_flavor(self) -> str:

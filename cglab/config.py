@@ -287,7 +287,6 @@ class ToyConfig:
     max_num_reqs: int = 8
     max_model_len: int = 48
     max_num_batched_tokens: int = 128
-    capture_sizes: tuple[int, ...] = (1, 2, 4, 8)
     sconv_kernel_size: int = 4  # taps of the short convolution, the current token included
     compress_ratio: int = 4  # the compressor emits one entry every `compress_ratio` tokens
     strict_layers: bool = False  # stateful layers without the `metadata is None` guard
@@ -321,23 +320,6 @@ class ToyConfig:
                               "their forward: choose one")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        sizes = check_sizes("capture size", self.capture_sizes, example="(1, 2, 4, 8)", allow_empty=True,
-                            distinct=True)
-        if sizes and max(sizes) > self.max_num_batched_tokens:
-            raise ConfigError(
-                f"capture size {max(sizes)} exceeds max_num_batched_tokens ({self.max_num_batched_tokens}); "
-                "raise max_num_batched_tokens or drop that size")
-        # The capture batch is a real batch to the metadata builders: a request longer than
-        # max_model_len would index past its block-table row.
-        too_long = [s for s in sizes if dummy_longest_request(s, self.max_num_reqs) > self.max_model_len]
-        if too_long:
-            s = min(too_long)
-            raise ConfigError(
-                f"capture size {s} does not fit: its capture batch puts "
-                f"{dummy_longest_request(s, self.max_num_reqs)} tokens in one request (max_num_reqs "
-                f"{self.max_num_reqs}), above max_model_len ({self.max_model_len}); raise max_model_len or "
-                "max_num_reqs, or drop that size")
-        object.__setattr__(self, "capture_sizes", tuple(sorted(sizes)))
         object.__setattr__(self, "layer_names", tuple(f"layers.{i}.{k}" for i, k in enumerate(self.layers)))
         self._check_memory()
 
@@ -380,8 +362,9 @@ class ToyConfig:
 
     @property
     def max_num_tokens(self) -> int:
-        """Rows in every per-token persistent buffer: a prefill batch or the largest graph."""
-        return max(self.max_num_batched_tokens, self.max_num_reqs, *self.capture_sizes)
+        """Rows in every per-token persistent buffer: the largest step (no graph is larger:
+        ``CompilationConfig.check_capture_sizes``)."""
+        return max(self.max_num_batched_tokens, self.max_num_reqs)
 
     @property
     def num_slots(self) -> int:

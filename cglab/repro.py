@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from cglab.compilation_config import CompilationConfig
+from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig
 from cglab.config import (
     CUDAGraphMode,
     ToyConfig,
@@ -33,7 +33,7 @@ MAX_POOL = 256
 MAX_SLOTS = 2**20  # cache rows per layer: about 128 MiB each at hidden size 32, float32
 MAX_CAPTURE_SIZE = 1024  # vLLM's default ladder stops at 512; more only makes a CPU capture crawl
 # Fields repro_config sizes itself from the scenario; every other ToyConfig field may be overridden.
-_DERIVED_FIELDS = frozenset({"layers", "capture_sizes", "max_num_reqs", "max_model_len", "num_blocks", "seed",
+_DERIVED_FIELDS = frozenset({"layers", "max_num_reqs", "max_model_len", "num_blocks", "seed",
                              "strict_layers", "max_num_batched_tokens"})
 
 
@@ -114,13 +114,15 @@ def tolerance(dtype: str) -> float:
     return 1e-4 if dtype == "float32" else 5e-2
 
 
-DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8)
-
-
-def default_capture_sizes_for(num_speculative_tokens: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, times ``K + 1`` with K speculative tokens (a verification step's tokens per request)."""
+def repro_capture_sizes(capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0) -> tuple[int, ...]:
+    """The capture sizes of a repro: as given (None: 1, 2, 4, 8, times ``K + 1``, a verification step's
+    tokens per request), rounded to multiples of ``K + 1`` as vLLM does."""
     multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
-    return tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
+    if capture_sizes is None:
+        capture_sizes = tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
+    check_sizes("capture size", capture_sizes, MAX_CAPTURE_SIZE,
+                note=" (batches above every capture size run eagerly anyway: drop it)")
+    return adjust_capture_sizes_for_spec_decode(tuple(capture_sizes), multiple - 1)
 
 
 def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
@@ -132,12 +134,8 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
     makes a prefill-shaped dummy batch. With K speculative tokens the capture sizes are rounded to
     multiples of ``K + 1``, as vLLM does."""
     k = check_num_speculative_tokens(num_speculative_tokens)
-    if capture_sizes is None:
-        capture_sizes = default_capture_sizes_for(k)
     check_sizes("batch size", batch_sizes)
-    check_sizes("capture size", capture_sizes, MAX_CAPTURE_SIZE,
-                note=" (batches above every capture size run eagerly anyway: drop it)")
-    capture_sizes = adjust_capture_sizes_for_spec_decode(tuple(capture_sizes), k)
+    capture_sizes = repro_capture_sizes(capture_sizes, k)
     check_seed(seed)
     _check_overrides(overrides)
     check_int("steps", steps, 1, MAX_STEPS)
@@ -157,7 +155,7 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
     # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
     # capture size (vLLM never captures above its budget).
     budget = max(128, pool + _MAX_PROMPT, pool * (k + 1), *capture_sizes)
-    return ToyConfig(layers=parse_layer_pattern(layers), capture_sizes=tuple(capture_sizes), max_num_reqs=max_num_reqs,
+    return ToyConfig(layers=parse_layer_pattern(layers), max_num_reqs=max_num_reqs,
                      max_model_len=max_model_len, block_size=block_size,
                      num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
                      max_num_batched_tokens=budget, **overrides)
@@ -240,10 +238,13 @@ def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], 
 
 
 def repro_compilation_config(mode: str | CUDAGraphMode, legacy_skip_attn: bool, piecewise_flavor: str,
-                             splitting_ops: Sequence[str] | None, uniform_decode_by_shape: bool) -> CompilationConfig:
+                             splitting_ops: Sequence[str] | None, uniform_decode_by_shape: bool,
+                             capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0
+                             ) -> CompilationConfig:
     """The graph runner's ``CompilationConfig`` from the switches ``run_repro`` and ``run_spec_repro`` take."""
     flavor = parse_piecewise_flavor(piecewise_flavor)
-    return CompilationConfig(CUDAGraphMode.parse(mode), use_breakable_cg=flavor == "breakable",
+    return CompilationConfig(CUDAGraphMode.parse(mode), repro_capture_sizes(capture_sizes, num_speculative_tokens),
+                             use_breakable_cg=flavor == "breakable",
                              splitting_ops=splitting_ops, legacy_skip_attn=legacy_skip_attn,
                              uniform_decode_by_shape=uniform_decode_by_shape)
 
@@ -266,7 +267,8 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``; ``result.cudagraph_mode``
     is the policy after lowering for the builders. Switches that change nothing in ``mode`` are
     accepted, so tables can set every case alike (the CLI refuses them)."""
-    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape)
+    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
+                                  capture_sizes)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
                           max_num_reqs=max_num_reqs, **config_overrides)
     # Bad input fails here, before any runner is built.

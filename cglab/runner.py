@@ -7,6 +7,7 @@ A runner created with ``cudagraph_mode="none"`` is the eager reference every com
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from cglab.config import (
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
+    adjust_capture_sizes_for_spec_decode,
     check_positive_int,
     resolve_cudagraph_mode,
     resolve_splitting_ops,
@@ -102,8 +104,12 @@ class ModelRunner:
                               "build one with ToyConfig(layers='sconv,attn', ...)")
         if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
             raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
-        cc = self.compilation_config = CompilationConfig.of(compilation_config)
+        cc = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
+        if spec is not None:  # as vLLM adjusts them: only multiples of K + 1 can be uniform graphs
+            cc = dataclasses.replace(cc, cudagraph_capture_sizes=adjust_capture_sizes_for_spec_decode(
+                cc.cudagraph_capture_sizes, spec.num_speculative_tokens))
+        self.compilation_config = cc
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)
@@ -121,7 +127,9 @@ class ModelRunner:
         self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
             cc.cudagraph_mode, self.attn_groups, config.layers, cc.piecewise_flavor, self.splitting_ops,
             decode_query_len)
-        self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, config.capture_sizes, config.max_num_reqs,
+        if self.cudagraph_mode is not CUDAGraphMode.NONE:
+            cc.check_capture_sizes(config)
+        self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs,
                                               decode_query_len)
         self.block_pool = BlockPool(config.num_blocks)
         self.requests: dict[str, RequestState] = {}

@@ -10,11 +10,12 @@ import torch
 from cglab import AddressChangedError, ModelRunner, ToyConfig
 from cglab.compilation_config import CompilationConfig
 
-CONFIG = ToyConfig(layers=("sconv", "attn", "compressor"), max_num_reqs=2, capture_sizes=(1, 2))
+CONFIG = ToyConfig(layers=("sconv", "attn", "compressor"), max_num_reqs=2)
+SIZES = (1, 2)
 
 
 def _runner(mode: str, **kwargs) -> ModelRunner:  # type: ignore[no-untyped-def]
-    runner = ModelRunner(CONFIG, CompilationConfig(mode, **kwargs))
+    runner = ModelRunner(CONFIG, CompilationConfig(mode, SIZES, **kwargs))
     runner.add_request("a")
     runner.step({"a": [1, 2, 3]}, eager=True)
     return runner
@@ -100,5 +101,5 @@ def test_eager_steps_are_not_guarded() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)")
 def test_guard_is_opt_in_on_cuda() -> None:
-    assert not ModelRunner(CONFIG, "full", device="cuda").cudagraph_manager.check_addresses
-    assert ModelRunner(CONFIG, CompilationConfig("full", check_addresses=True), device="cuda").cudagraph_manager.check_addresses
+    assert not ModelRunner(CONFIG, CompilationConfig("full", SIZES), device="cuda").cudagraph_manager.check_addresses
+    assert ModelRunner(CONFIG, CompilationConfig("full", SIZES, check_addresses=True), device="cuda").cudagraph_manager.check_addresses

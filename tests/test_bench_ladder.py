@@ -121,7 +121,7 @@ def test_cli_refuses_the_peer_on_the_cpu(tmp_path: Any, capsys: pytest.CaptureFi
 
 def test_the_peer_gets_capture_safe_metadata_in_the_same_buffers() -> None:
     """Like FULL, the peer's graph freezes its key range at recording: it must span max_model_len."""
-    toy = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
+    toy = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4)
     runner = ModelRunner(toy, "none")
     runner.add_request("a")
     runner.step({"a": [1, 2, 3]}, eager=True)

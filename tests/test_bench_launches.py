@@ -17,7 +17,7 @@ from cglab.forward_context import set_forward_context
 from cglab.graphs.ops import OpCounter
 from cglab.layers.attention import unified_attention
 
-CONFIG = ToyConfig(layers=("sconv", "attn"), max_num_reqs=2, capture_sizes=(1, 2))
+CONFIG = ToyConfig(layers=("sconv", "attn"), max_num_reqs=2)
 # On the simulator, one decode step of two requests: 67 kernels in all, 32 of them attention's
 # (its KV write, the key range, the scores and the softmax, counted by OpCounter), in 2 segments
 # around 1 eager break.
@@ -25,7 +25,8 @@ KERNELS, ATTENTION_KERNELS = 67, 32
 
 
 def _decode_step(mode: str, flavor: str):  # type: ignore[no-untyped-def]
-    runner = ModelRunner(CONFIG, CompilationConfig(mode, use_breakable_cg=flavor == "breakable", check_addresses=False))
+    runner = ModelRunner(CONFIG, CompilationConfig(mode, (1, 2), use_breakable_cg=flavor == "breakable",
+                                                  check_addresses=False))
     for i in range(2):
         runner.add_request(f"r{i}")
         runner.step({f"r{i}": [1, 2, 3]}, eager=True)

@@ -52,12 +52,13 @@ def test_compile_and_capture_times_are_reported_apart(monkeypatch: pytest.Monkey
     closed = []
     fake = SimpleNamespace(cudagraph_manager=manager, forward_model=compiled, close=lambda: closed.append(True))
     monkeypatch.setattr(startup, "ModelRunner", lambda *args, **kwargs: fake)
-    row = startup._start(StartupConfig.quick_preset().toy_config(), startup.resolve_device("cpu"),
+    quick = StartupConfig.quick_preset()
+    row = startup._start(quick.toy_config(), quick.capture_sizes, startup.resolve_device("cpu"),
                          "full_and_piecewise", "compiled", "fixed")
     assert (row["compile_s"], row["capture_s"], row["graphs"], row["memory_mib"]) == (2.0, 3.0, 3, 1.0)
     assert closed == [True]
     fake.forward_model = SimpleNamespace()  # the breakable flavor: no compile at all
-    row = startup._start(StartupConfig.quick_preset().toy_config(), startup.resolve_device("cpu"), "piecewise",
+    row = startup._start(quick.toy_config(), quick.capture_sizes, startup.resolve_device("cpu"), "piecewise",
                          "breakable", "fixed")
     assert (row["compile_s"], row["capture_s"]) == (0.0, 3.0)
 

@@ -107,7 +107,7 @@ def test_padding_rows_get_no_slot_in_any_stateful_builder():
 def test_a_dummy_batch_completes_groups_but_emits_nothing():
     """One dummy request of 8 tokens (max_num_reqs 1): its 4th and 8th tokens complete compressor
     groups, but their slots are PAD_SLOT_ID, so no compressed entry may be written anywhere real."""
-    config = ToyConfig(max_num_reqs=1, capture_sizes=(4, 8))
+    config = ToyConfig(max_num_reqs=1)
     buffers, tables, groups = _setup(config)
     batch = InputBatch.make_dummy(1, 8, buffers)
     md = prepare_attn(batch, tables.get_dummy_block_tables(1), tables.get_dummy_slot_mappings(8), groups)

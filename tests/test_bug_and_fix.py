@@ -133,9 +133,9 @@ def test_address_guard_catches_the_allocating_builder(device):
 
 
 def test_legacy_guarded_graph_records_nothing_for_the_layer(device):
-    config = ToyConfig(layers=("sconv",), capture_sizes=(2,))
-    fixed = ModelRunner(config, "piecewise", device=device)
-    legacy = ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True), device=device)
+    config = ToyConfig(layers=("sconv",))
+    fixed = ModelRunner(config, CompilationConfig("piecewise", (2,)), device=device)
+    legacy = ModelRunner(config, CompilationConfig("piecewise", (2,), legacy_skip_attn=True), device=device)
     desc = next(iter(fixed.graph_replays()))
     (f,), (g,) = fixed.captured_graphs(desc), legacy.captured_graphs(desc)
     # The sconv op's own kernels on the captured batch shape: with live metadata, and with none.
@@ -178,8 +178,9 @@ def test_capture_does_not_touch_caches(device, mode, flavor, layers):
     """Warmups and captures run the model on dummy batches whose slots are all PAD_SLOT_ID. With one
     request at most, the dummy batches of 4 and 8 tokens are one request each, whose 4th and 8th
     tokens complete compressor groups: still no cache row may change, not even by a bit."""
-    config = ToyConfig(layers=layers, max_num_reqs=1, capture_sizes=(4, 8))
-    runner = RandomCachesRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device)
+    config = ToyConfig(layers=layers, max_num_reqs=1)
+    runner = RandomCachesRunner(config, CompilationConfig(mode, (4, 8), use_breakable_cg=flavor == "breakable"),
+                                device=device)
     assert len(runner.graph_replays()) == 2
     for name, tensor in runner.state_tensors().items():
         assert torch.equal(tensor, runner.before_capture[name]), name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
+from cglab.compilation_config import CompilationConfig
 from cglab.repro import schedule
 
 
@@ -60,7 +61,7 @@ def test_fixed_path_matches_eager_with_chunked_prefill(device, mode, flavor, rep
 
 
 def test_plain_full_replays_a_mixed_batch():
-    runner = ModelRunner(ToyConfig(layers="sconv,attn", capture_sizes=(2, 4), max_num_reqs=2), "full")
+    runner = ModelRunner(ToyConfig(layers="sconv,attn", max_num_reqs=2), CompilationConfig("full", (2, 4)))
     runner.add_request("a")
     runner.step({"a": [1, 2, 3]}, eager=True)
     runner.add_request("b", num_prompt_tokens=3)

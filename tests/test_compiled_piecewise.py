@@ -22,7 +22,8 @@ from cglab.compilation_config import CompilationConfig
 from cglab.graphs import get_backend
 from cglab.lab.anatomy import graph_pieces
 
-CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 2, 4))
+CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4)
+SIZES = (1, 2, 4)
 
 
 def _decode(runner: ModelRunner, steps: int) -> list[str]:
@@ -43,7 +44,7 @@ def _replayed(result, replays) -> bool:  # type: ignore[no-untyped-def]
 
 
 def test_graph_is_split_at_attention_into_pieces(device):
-    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     compiled = runner.compiled_backend
     kinds = [("splitting op" if item.is_splitting_graph else "piece") for item in compiled.items]
     assert kinds == ["piece", "splitting op", "piece", "splitting op", "piece"]
@@ -58,7 +59,7 @@ def test_graph_is_split_at_attention_into_pieces(device):
 def test_compiles_once_and_every_piece_replays(device):
     """One trace with a symbolic token count serves capture at every size and every eager step;
     each piece's graph is replayed once per PIECEWISE step of its size (counted, not assumed)."""
-    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     compiled = runner.compiled_backend
     modes = _decode(runner, 8)
     assert compiled.num_compiles == 1
@@ -70,7 +71,7 @@ def test_compiles_once_and_every_piece_replays(device):
 
 def test_full_graphs_are_captured_from_the_compiled_model(device):
     """Under FULL the piece wrappers step aside (the mode is not theirs) and one graph holds everything."""
-    runner = ModelRunner(CONFIG, "full_and_piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("full_and_piecewise", SIZES), device=device)
     manager = runner.cudagraph_manager
     assert runner.compiled_backend is not None and runner.compiled_backend.num_compiles == 1
     assert manager.captured_sizes == {CUDAGraphMode.PIECEWISE: [1, 2, 4], CUDAGraphMode.FULL: [1, 2, 4]}
@@ -83,7 +84,7 @@ def test_full_graphs_are_captured_from_the_compiled_model(device):
 
 def test_full_only_policy_splits_the_graph_and_wraps_nothing(device):
     """As vLLM since #20059: the split stays, and the FULL graph is captured around the split model."""
-    runner = ModelRunner(CONFIG, "full", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("full", SIZES), device=device)
     compiled = runner.compiled_backend
     assert [item.is_splitting_graph for item in compiled.items] == [False, True, False, True, False]
     assert not compiled.wrappers and not runner.piecewise_wrappers()
@@ -119,7 +120,7 @@ def test_strict_attention_fails_compiled_capture_under_the_fix(device, replays):
 def test_a_recompile_is_impossible(device):
     """Guards are dropped after the one trace: a size never seen, or a call outside inference mode,
     reuses the compiled graph rather than tracing again."""
-    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     runner.add_request("a")
     runner.step({"a": list(range(1, 40))}, eager=True)  # 39 tokens: above every capture size
     with set_forward_context(None):  # a profiling run, outside inference mode
@@ -166,7 +167,7 @@ def test_check_exits_one_on_divergence(capsys):
 
 
 def test_a_wrapper_never_captures_while_serving(device):
-    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     wrapper = runner.compiled_backend.wrappers["submod_0"]
     wrapper.entries.clear()  # as if size 1 had never been captured
     runner.add_request("a")
@@ -183,7 +184,7 @@ def test_the_token_dimension_is_traced_symbolic(device):
     it is given), but inductor on a GPU compiles kernels for the traced size only: every other size
     would fail its shape checks, or read and write the wrong rows.
     """
-    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     compiled = runner.compiled_backend
     # The forward's own inputs (token ids, positions); the others are the model's weights and caches.
     inputs = [node.meta["example_value"] for node in compiled.split_gm.graph.nodes
@@ -223,8 +224,8 @@ def test_the_model_is_traced_at_the_largest_size_whatever_the_capture_sizes(devi
     """Dynamo traces once, in the profiling run, at ``max_num_tokens``, also for strict layers (no
     profiling branch) and a single capture size of 1. On CUDA, inductor lowers the pieces for that
     trace's sizes: a model traced at 1 token failed to lower (CantSplit) under FULL."""
-    config = ToyConfig(capture_sizes=(1,), strict_layers=strict)
-    runner = ModelRunner(config, mode, device=device)
+    config = ToyConfig(strict_layers=strict)
+    runner = ModelRunner(config, CompilationConfig(mode, (1,)), device=device)
     assert runner.forward_model.traced_num_tokens == config.max_num_tokens
     assert runner.forward_model.backend.num_compiles == 1
     assert runner.cudagraph_manager.captured_sizes == {CUDAGraphMode.parse(mode): [1]}

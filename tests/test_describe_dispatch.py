@@ -44,7 +44,7 @@ def test_rows_follow_the_dispatch_rules():
 def test_shapes_are_classified_as_the_runner_classifies_them():
     """A 1-token prompt chunk beside a decode: the table and a real runner agree, under both rules."""
     for by_shape in (False, True):
-        runner = ModelRunner(ToyConfig(layers="attn", max_num_reqs=MAX_REQS, capture_sizes=SIZES), CompilationConfig("full_and_piecewise", uniform_decode_by_shape=by_shape))
+        runner = ModelRunner(ToyConfig(layers="attn", max_num_reqs=MAX_REQS), CompilationConfig("full_and_piecewise", SIZES, uniform_decode_by_shape=by_shape))
         runner.add_request("old")
         runner.step({"old": [1, 2, 3]}, eager=True)
         runner.add_request("new", num_prompt_tokens=3)

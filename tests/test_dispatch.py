@@ -63,8 +63,7 @@ def test_none_policy_captures_nothing():
 
 
 def _runner_with_prompts(policy: str, **kwargs) -> ModelRunner:
-    runner = ModelRunner(ToyConfig(layers="sconv,attn", max_num_reqs=4, capture_sizes=(1, 2, 4)),
-                         CompilationConfig(policy, **kwargs))
+    runner = ModelRunner(ToyConfig(layers="sconv,attn", max_num_reqs=4), CompilationConfig(policy, (1, 2, 4), **kwargs))
     runner.add_request("old")
     runner.step({"old": [1, 2, 3]}, eager=True)
     runner.add_request("new", num_prompt_tokens=3)  # its prompt arrives a token a step

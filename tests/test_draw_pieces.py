@@ -9,7 +9,8 @@ from cglab.compilation_config import CompilationConfig
 from cglab.lab.anatomy import Piece, describe_pieces, describe_replays, graph_pieces, trace_replay
 from cglab.lab.draw import draw_graph_anatomy
 
-CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4, capture_sizes=(1, 4))
+CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4)
+SIZES = (1, 4)
 PIECEWISE_4 = BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, 4)
 FULL_4 = BatchExecutionDescriptor(CUDAGraphMode.FULL, 4, 4, uniform_token_count=1)
 ATTN, SCONV = "cglab::unified_attention", "cglab::short_conv"
@@ -27,7 +28,7 @@ def _texts(fig) -> list[str]:
 
 
 def test_compiled_pieces_are_the_submodules_of_the_split_graph(device):
-    runner = ModelRunner(CONFIG, "full_and_piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("full_and_piecewise", SIZES), device=device)
     pieces = graph_pieces(runner, PIECEWISE_4)
     assert [(p.name, p.eager) for p in pieces] == [("submod_0", False), ("submod_1", True), ("submod_2", False),
                                                    ("submod_3", True), ("submod_4", False)]
@@ -41,8 +42,8 @@ def test_compiled_pieces_are_the_submodules_of_the_split_graph(device):
 
 
 def test_breakable_segments_cut_where_the_compiled_pieces_do(device):
-    compiled = ModelRunner(CONFIG, "piecewise", device=device)
-    breakable = ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True), device=device)
+    compiled = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
+    breakable = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, use_breakable_cg=True), device=device)
     pieces = graph_pieces(breakable)  # default: the first graph captured, the largest
     assert [p.name for p in pieces] == ["segment 0", "eager step", "segment 1", "eager step", "segment 2"]
     assert [p.op for p in pieces if p.eager] == [ATTN, ATTN]  # named by op, not by the Python function
@@ -57,7 +58,7 @@ def test_breakable_segments_cut_where_the_compiled_pieces_do(device):
 
 
 def test_a_short_conv_splitting_op_becomes_an_eager_piece(device):
-    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", splitting_ops=[ATTN, SCONV]), device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, splitting_ops=[ATTN, SCONV]), device=device)
     pieces = graph_pieces(runner, PIECEWISE_4)
     assert [p.eager for p in pieces] == [False, True, False, True, False, True, False]
     assert (pieces[1].name, pieces[1].op, pieces[1].span) == ("submod_1", SCONV, "layers.0.mixer")
@@ -67,7 +68,7 @@ def test_a_short_conv_splitting_op_becomes_an_eager_piece(device):
     assert lines[0].endswith(f"4 graph(s), {total} ops; 3 eager step(s)")
     assert "split at cglab::unified_attention, cglab::short_conv" in lines[0]
     assert lines[2] == "  submod_1  eager  cglab::short_conv at layers.0.mixer: its Python runs at every step"
-    every_op = ModelRunner(CONFIG, CompilationConfig("piecewise", splitting_ops=[ATTN, SCONV, "cglab::compressor"]), device=device)
+    every_op = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, splitting_ops=[ATTN, SCONV, "cglab::compressor"]), device=device)
     assert [p.span for p in graph_pieces(every_op)[4:7]] == [  # spans name modules, not their projections
         "layers.1.mixer … layers.2.mixer", "layers.2.mixer", "layers.2.mixer … layers.3.mixer"]
     every_op.close()
@@ -78,7 +79,7 @@ def test_a_short_conv_splitting_op_becomes_an_eager_piece(device):
 
 
 def test_anatomy_of_plain_graphs_labels_eager_steps_by_their_op():
-    runner = ModelRunner(CONFIG, CompilationConfig("full_and_piecewise", use_breakable_cg=True))
+    runner = ModelRunner(CONFIG, CompilationConfig("full_and_piecewise", SIZES, use_breakable_cg=True))
     (full,), (piecewise,) = runner.captured_graphs(FULL_4), runner.captured_graphs(PIECEWISE_4)
     fig = draw_graph_anatomy({"full": full, "piecewise": piecewise})
     texts = _texts(fig)
@@ -109,7 +110,7 @@ def test_the_anatomy_axis_ends_where_the_longest_row_does(rows):
 
 
 def test_replay_counts_per_piece_and_size(device):
-    runner = ModelRunner(CONFIG, "piecewise", device=device)
+    runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     _prefill(runner)
     for _ in range(3):
         runner.step({"r0": [1], "r1": [2], "r2": [3]})  # 3 tokens: PIECEWISE(tokens=4)
@@ -125,7 +126,7 @@ def test_replay_counts_per_piece_and_size(device):
 
 
 def test_trace_shows_the_python_that_runs_at_replay(device):
-    compiled = ModelRunner(CONFIG, "full_and_piecewise", device=device)
+    compiled = ModelRunner(CONFIG, CompilationConfig("full_and_piecewise", SIZES), device=device)
     _prefill(compiled)
     lines = trace_replay(compiled, {"r0": [1], "r1": [2, 3]}).splitlines()
     ops = [p.num_ops for p in graph_pieces(compiled, PIECEWISE_4)]
@@ -148,7 +149,7 @@ def test_trace_shows_the_python_that_runs_at_replay(device):
     assert compiled.requests["r0"].num_computed_tokens == 5  # the traced steps really ran
     compiled.close()
 
-    breakable = ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True), device=device)
+    breakable = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, use_breakable_cg=True), device=device)
     _prefill(breakable)
     lines = trace_replay(breakable, {"r0": [1], "r1": [2, 3]}).splitlines()
     assert [line.strip().split(":")[0] for line in lines[2:]] == [
@@ -163,7 +164,7 @@ def test_trace_of_an_eager_step_runs_the_modules_or_the_generated_code():
     lines = trace_replay(eager, {"r0": [1]}).splitlines()
     assert lines[0] == "ModelRunner.execute: NONE(tokens=1, reqs=1) (eager)"
     assert "    DecoderLayer.forward (layers.0)" in lines and "      ShortConv.forward (layers.0.mixer)" in lines
-    compiled = ModelRunner(CONFIG, "piecewise")
+    compiled = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES))
     _prefill(compiled)
     lines = trace_replay(compiled, {"r0": [1]}, eager=True).splitlines()
     assert "      CUDAGraphWrapper(submod_0): mode NONE is not its own, so it runs the piece" in lines
@@ -175,11 +176,11 @@ def test_trace_of_an_eager_step_runs_the_modules_or_the_generated_code():
 def test_describing_a_runner_without_those_graphs_is_a_config_error():
     with pytest.raises(ConfigError, match="captured no graphs"):
         describe_pieces(ModelRunner(CONFIG, "none"))
-    full = ModelRunner(CONFIG, "full")
+    full = ModelRunner(CONFIG, CompilationConfig("full", SIZES))
     with pytest.raises(ConfigError, match=r"no graph was captured for PIECEWISE\(tokens=4, reqs=any\); captured: FULL"):
         graph_pieces(full, PIECEWISE_4)
     with pytest.raises(ConfigError, match="no compiled PIECEWISE pieces"):
         describe_replays(full)
     with pytest.raises(ConfigError, match="no compiled PIECEWISE pieces"):
-        describe_replays(ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True)))
+        describe_replays(ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, use_breakable_cg=True)))
     full.close()

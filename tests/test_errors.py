@@ -47,11 +47,6 @@ CONFIG_CASES = {
     "zero size": (dict(hidden_size=0), "hidden_size must be a positive integer"),
     "float size": (dict(num_blocks=2.5), "num_blocks must be a positive integer"),
     "bool size": (dict(max_num_reqs=True), "max_num_reqs must be a positive integer"),
-    "duplicate capture sizes": (dict(capture_sizes=(1, 2, 2)), "drop the duplicates"),
-    "non-positive capture size": (dict(capture_sizes=(0, 1)), "every capture size must be a positive integer"),
-    "capture sizes not a list": (dict(capture_sizes=8), "(1, 2, 4, 8)"),
-    "capture size above the token budget": (dict(capture_sizes=(256,)), "raise max_num_batched_tokens"),
-    "capture batch longer than a request": (dict(capture_sizes=(64,), max_num_reqs=1), "raise max_model_len"),
     "negative seed": (dict(seed=-1), "seed must be an integer from 0"),
     "huge seed": (dict(seed=2**40), "seed must be an integer from 0"),
     "strict_layers not a bool": (dict(strict_layers="yes"), "True or False"),
@@ -70,6 +65,37 @@ def test_bad_config_names_the_fix(case: str) -> None:
     assert fix in _message(lambda: ToyConfig(**kwargs))
 
 
+# The capture sizes' own checks run in CompilationConfig; the checks against a ToyConfig run when a
+# runner that captures is built.
+CAPTURE_SIZE_CASES = {
+    "duplicate capture sizes": (lambda: CompilationConfig("full", (1, 2, 2)), "drop the duplicates"),
+    "non-positive capture size": (lambda: CompilationConfig("full", (0, 1)),
+                                  "every capture size must be a positive integer"),
+    "capture sizes not a list": (lambda: CompilationConfig("full", 8), "(1, 2, 4, 8)"),
+    "capture size above the token budget": (lambda: ModelRunner(ToyConfig(), CompilationConfig("full", (256,))),
+                                            "raise max_num_batched_tokens"),
+    "capture batch longer than a request": (
+        lambda: ModelRunner(ToyConfig(max_num_reqs=1), CompilationConfig("full", (64,))), "raise max_model_len"),
+}
+
+
+@pytest.mark.parametrize("case", list(CAPTURE_SIZE_CASES))
+def test_bad_capture_sizes_name_the_fix(case: str) -> None:
+    call, fix = CAPTURE_SIZE_CASES[case]
+    assert fix in _message(call)
+
+
+def test_an_eager_runner_never_checks_the_capture_sizes() -> None:
+    """A token budget below the default sizes (1, 2, 4, 8) is fine for an eager runner, which captures
+    nothing; a runner that captures refuses it, naming the size and the fix."""
+    small = ToyConfig(layers="sconv,attn", max_num_reqs=2, max_num_batched_tokens=4)
+    eager = ModelRunner(small, "none")
+    eager.add_request("a")
+    assert eager.step({"a": [1, 2, 3]}).descriptor.cg_mode is CUDAGraphMode.NONE
+    assert _message(lambda: ModelRunner(small, "full")) == (
+        "capture size 8 exceeds max_num_batched_tokens (4); raise max_num_batched_tokens or drop that size")
+
+
 @pytest.mark.parametrize("mode", ["fulll", None, 3])
 def test_unknown_mode_lists_the_valid_ones(mode: object) -> None:
     assert "none, piecewise, full" in _message(lambda: CUDAGraphMode.parse(mode))
@@ -77,12 +103,12 @@ def test_unknown_mode_lists_the_valid_ones(mode: object) -> None:
 
 # -- ModelRunner ----------------------------------------------------------------------------------
 
-CONFIG = ToyConfig(layers=("sconv", "attn"), hidden_size=16, max_num_reqs=2, max_model_len=8, num_blocks=4,
-                   capture_sizes=(1, 2))
+CONFIG = ToyConfig(layers=("sconv", "attn"), hidden_size=16, max_num_reqs=2, max_model_len=8, num_blocks=4)
+SIZES = (1, 2)
 
 
 def _runner_with_one_request() -> ModelRunner:
-    r = ModelRunner(CONFIG, "full")
+    r = ModelRunner(CONFIG, CompilationConfig("full", SIZES))
     r.add_request("a")
     return r
 
@@ -166,7 +192,7 @@ def test_capacity_errors_name_the_limit(runner: ModelRunner) -> None:
 
 
 def test_too_many_tokens_in_one_step() -> None:
-    r = ModelRunner(ToyConfig(max_num_batched_tokens=8, capture_sizes=(1, 2)))
+    r = ModelRunner(ToyConfig(max_num_batched_tokens=8))
     r.add_request("a")
     assert "raise ToyConfig.max_num_batched_tokens" in _message(lambda: r.step({"a": [1] * 9}), CapacityError)
 
@@ -183,20 +209,22 @@ def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytes
         return forward(self, hidden)
 
     monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", syncing_forward)
-    fix = _message(lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", use_breakable_cg=True)), CaptureError)
+    fix = _message(lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, use_breakable_cg=True)),
+                   CaptureError)
     assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: host sync during graph capture")
     assert "use torch.where" in fix
     # Compiled, the same line cannot even be traced: dynamo refuses it in the profiling run, where it
     # traces the model, before any graph is captured.
-    fix = _message(lambda: ModelRunner(CONFIG, "piecewise"), CaptureError)
+    fix = _message(lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES)), CaptureError)
     assert fix.startswith("the profiling run before capture (the model's first compiled call, where torch.compile "
                           "traces it) failed: torch.compile could not trace")
     assert "piecewise_flavor='breakable'" in fix
 
 
 def test_missing_metadata_in_a_strict_layer_names_the_fix() -> None:
-    config = ToyConfig(layers=("sconv", "attn"), strict_layers=True, capture_sizes=(2,))
-    fix = _message(lambda: ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True)), MissingMetadataError)
+    config = ToyConfig(layers=("sconv", "attn"), strict_layers=True)
+    fix = _message(lambda: ModelRunner(config, CompilationConfig("piecewise", (2,), legacy_skip_attn=True)),
+                   MissingMetadataError)
     assert "PIECEWISE(tokens=2, reqs=any)" in fix and "prepare_inputs_to_capture(..., full_cudagraph)" in fix
 
 

@@ -17,7 +17,7 @@ SHORT_CONV_OPS = ["index_put_", "index", "ge", "where", "mul", "sum", "mul", "ad
 @pytest.fixture(scope="module")
 def runners() -> dict[bool, ModelRunner]:
     """Compiled PIECEWISE on the simulator, one graph size, fixed (False) and legacy (True)."""
-    return {legacy: ModelRunner(ToyConfig(capture_sizes=(4,)), CompilationConfig("piecewise", legacy_skip_attn=legacy), device="cpu")
+    return {legacy: ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), legacy_skip_attn=legacy), device="cpu")
             for legacy in (False, True)}
 
 
@@ -50,9 +50,9 @@ def test_splitting_ops_and_unknown_pieces_are_refused(runners: dict[bool, ModelR
 
 def test_runners_without_compiled_pieces_are_refused() -> None:
     with pytest.raises(ConfigError, match="compiled PIECEWISE"):
-        recorded_ops(ModelRunner(ToyConfig(capture_sizes=(4,)), "full", device="cpu"))
+        recorded_ops(ModelRunner(ToyConfig(), CompilationConfig("full", (4,)), device="cpu"))
     with pytest.raises(ConfigError, match="compiled PIECEWISE"):
-        recorded_ops(ModelRunner(ToyConfig(capture_sizes=(4,)), CompilationConfig("piecewise", use_breakable_cg=True), device="cpu"))
+        recorded_ops(ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), use_breakable_cg=True), device="cpu"))
 
 
 def test_compare_recordings_aligns_in_order() -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cglab import ModelRunner, ToyConfig
+from cglab.compilation_config import CompilationConfig
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA GPU (runs on the GPU machine)")]
@@ -19,13 +20,14 @@ CYCLES = 20
 ALLOCATED_SLACK = 1 << 20  # bytes held by live tensors: anything left per cycle would be far more after 20
 RESERVED_SLACK = 8 << 20  # a leaked graph pool keeps at least one 2 MiB segment per cycle
 MIB = float(1 << 20)
+SIZES = (1, 2, 4, 8)
 
 
 def _capture_step_close(config: ToyConfig) -> int:
     """Build a runner per mode (capturing every size), replay a step, close it; return the peak allocation."""
     peak = 0
     for mode in ("piecewise", "full"):
-        runner = ModelRunner(config, mode, device="cuda")
+        runner = ModelRunner(config, CompilationConfig(mode, SIZES), device="cuda")
         assert runner.graph_replays()
         runner.add_request("a")
         runner.step({"a": [1, 2, 3]}, eager=True)
@@ -41,7 +43,7 @@ def _capture_step_close(config: ToyConfig) -> int:
 
 
 def test_capturing_and_closing_twenty_times_returns_memory_to_baseline() -> None:
-    config = ToyConfig(capture_sizes=(1, 2, 4, 8))
+    config = ToyConfig()
     _capture_step_close(config)  # one-time costs first: CUDA context, cuBLAS handles and workspaces
     base_allocated, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     peak = 0

@@ -26,15 +26,15 @@ from cglab.spec_decode import run_spec_repro
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
-def test_capture_batch_overflowing_a_request_is_refused_by_the_config(mode: str) -> None:
+def test_capture_batch_overflowing_a_request_is_refused_by_the_runner(mode: str) -> None:
     # One request would hold all 64 capture tokens, more than max_model_len (48) allows.
     with pytest.raises(ConfigError, match="max_model_len"):
-        ModelRunner(ToyConfig(capture_sizes=(64,), max_num_reqs=1), mode)
+        ModelRunner(ToyConfig(max_num_reqs=1), CompilationConfig(mode, (64,)))
 
 
 def test_capture_batch_that_just_fits_is_captured() -> None:
-    config = ToyConfig(layers="sconv,attn,compressor", capture_sizes=(48,), max_num_reqs=1)
-    runner = ModelRunner(config, "piecewise")
+    config = ToyConfig(layers="sconv,attn,compressor", max_num_reqs=1)
+    runner = ModelRunner(config, CompilationConfig("piecewise", (48,)))
     runner.add_request("a")
     assert runner.step({"a": [1] * 40}).descriptor.num_tokens == 48
 

@@ -11,8 +11,8 @@ from cglab.compilation_config import CompilationConfig
 from cglab.graphs.sim import SimSegment
 from cglab.metadata import LazyPlanAttentionMetadataBuilder
 
-CONFIG = ToyConfig(layers=("attn", "sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32,
-                   capture_sizes=(1, 2, 4))
+CONFIG = ToyConfig(layers=("attn", "sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
+SIZES = (1, 2, 4)
 # Block size 4: every sequence fits one key block at the first decode step (lengths 3, 4, 2) and at
 # least one is longer at every later step, so a plan of one block per request is right only at first.
 PROMPT_LENGTHS = (2, 3, 1)
@@ -38,7 +38,7 @@ class WarmupMetadataRunner(ModelRunner):
 
 
 def lazy_runner(runner_class: type[ModelRunner], mode: str, device: str, flavor: str = "compiled") -> ModelRunner:
-    return runner_class(CONFIG, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device,
+    return runner_class(CONFIG, CompilationConfig(mode, SIZES, use_breakable_cg=flavor == "breakable"), device=device,
                         builders={"attn": LazyPlanAttentionMetadataBuilder(CONFIG)})
 
 
@@ -104,7 +104,7 @@ def test_full_graph_records_the_planning_ops(device):
     holds none of them (and the plan's reads, which both have)."""
     fresh = lazy_runner(ModelRunner, "full", device).cudagraph_manager.graphs
     reused = lazy_runner(WarmupMetadataRunner, "full", device).cudagraph_manager.graphs
-    assert fresh.keys() == reused.keys() and len(fresh) == len(CONFIG.capture_sizes)
+    assert fresh.keys() == reused.keys() and len(fresh) == len(SIZES)
     planning_ops = 2  # one add and one div: the group's first attention layer plans, the other reuses it
     for desc in fresh:
         assert fresh[desc].graph.num_ops - reused[desc].graph.num_ops == planning_ops, desc
@@ -114,7 +114,7 @@ def test_the_planning_ops_by_name():
     """On the simulator the recorded ops have names: the fresh capture's extra ops are the plan."""
     fresh = recorded_op_names(lazy_runner(ModelRunner, "full", "cpu"))
     reused = recorded_op_names(lazy_runner(WarmupMetadataRunner, "full", "cpu"))
-    plain = recorded_op_names(ModelRunner(CONFIG, "full", device="cpu"))
+    plain = recorded_op_names(ModelRunner(CONFIG, CompilationConfig("full", SIZES), device="cpu"))
     for desc in fresh:
         assert only_in_first(fresh[desc], reused[desc]) == Counter(["add", "div"])
         assert not only_in_first(reused[desc], fresh[desc])
@@ -178,13 +178,14 @@ def test_every_graph_is_captured_after_one_eager_warmup(device):
     first uses (cuBLAS on the capture stream, a kernel's first launch) must happen outside capture.
     So this test checks the procedure itself.
     """
-    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=2, capture_sizes=(1, 2))
-    compiled = ProcedureRunner(config, "full_and_piecewise", device=device).log
+    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=2)
+    compiled = ProcedureRunner(config, CompilationConfig("full_and_piecewise", (1, 2)), device=device).log
     pw, full = "PIECEWISE(tokens={}, reqs=any)", "FULL(tokens={0}, reqs={0}, uniform=1)"
     compiled_pw = ("forward", "run NONE (warmup context)", "run PIECEWISE")
     full_steps = ("warmup forward", "run NONE (warmup context)", "forward", "run NONE")
     assert compiled == [*_procedure(pw.format(2), *compiled_pw), *_procedure(pw.format(1), *compiled_pw),
                         *_procedure(full.format(2), *full_steps), *_procedure(full.format(1), *full_steps)]
-    breakable = ProcedureRunner(config, CompilationConfig("piecewise", use_breakable_cg=True), device=device).log
+    breakable = ProcedureRunner(config, CompilationConfig("piecewise", (1, 2), use_breakable_cg=True),
+                                device=device).log
     breakable_pw = ("warmup forward", "run NONE (warmup context)", "forward", "run PIECEWISE")
     assert breakable == [*_procedure(pw.format(2), *breakable_pw), *_procedure(pw.format(1), *breakable_pw)]

@@ -119,9 +119,10 @@ def test_legacy_breakable_capture_fails_in_the_builder_above_max_num_reqs(device
                                    "for a batch of 16 tokens in 8 requests (longest query 2 tokens)")
     assert "UNIFORM_SINGLE_TOKEN_DECODE" in result.error and "at or below max_num_reqs (8)" in result.error
     assert result.cudagraph_mode == "piecewise" and result.captured_sizes == {}
-    config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(2, 8), max_num_reqs=4)
+    config = ToyConfig(layers=("linear_attn", "attn"), max_num_reqs=4)
     with pytest.raises(MetadataBuildError, match=r"8 tokens in 4 requests \(longest query 2 tokens\)") as info:
-        ModelRunner(config, CompilationConfig("piecewise", use_breakable_cg=True, legacy_skip_attn=True), device=device)
+        ModelRunner(config, CompilationConfig("piecewise", (2, 8), use_breakable_cg=True, legacy_skip_attn=True),
+                    device=device)
     assert isinstance(info.value, CaptureError)
 
 
@@ -157,8 +158,9 @@ def test_capture_writes_nothing_into_the_state_cache(device, monkeypatch, mode, 
         self.state_cache.copy_(torch.randn(self.state_cache.shape, generator=torch.Generator().manual_seed(1)))
 
     monkeypatch.setattr(LinearAttention, "__init__", prefilled)
-    config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(1, 4, 16), max_num_reqs=4, num_blocks=8)
-    runner = ModelRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), device=device)
+    config = ToyConfig(layers=("linear_attn", "attn"), max_num_reqs=4, num_blocks=8)
+    runner = ModelRunner(config, CompilationConfig(mode, (1, 4, 16), use_breakable_cg=flavor == "breakable"),
+                         device=device)
     before = torch.randn((config.num_blocks + 1, config.num_heads, config.head_dim, config.head_dim),
                          generator=torch.Generator().manual_seed(1))[:-1]
     assert torch.equal(runner.state_tensors()[STATE].cpu(), before)
@@ -182,22 +184,23 @@ def test_plain_full_is_lowered_to_full_and_piecewise_and_matches_eager(device, f
 
 
 def test_the_runner_uses_the_lowered_policy_everywhere_and_full_decode_only_stays() -> None:
-    config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(1, 2))
-    lowered = ModelRunner(config, CompilationConfig("full", use_breakable_cg=True))
+    config = ToyConfig(layers=("linear_attn", "attn"))
+    lowered = ModelRunner(config, CompilationConfig("full", (1, 2), use_breakable_cg=True))
     assert lowered.cudagraph_mode is FULL_AND_PIECEWISE and lowered.dispatcher.policy is FULL_AND_PIECEWISE
     assert {d.uniform_token_count for d in lowered.dispatcher.descriptors if d.cg_mode is FULL} == {1}
     assert "LinearAttentionMetadataBuilder" in lowered.cudagraph_mode_note
-    kept = ModelRunner(config, CompilationConfig("full_decode_only", use_breakable_cg=True))
+    kept = ModelRunner(config, CompilationConfig("full_decode_only", (1, 2), use_breakable_cg=True))
     assert kept.cudagraph_mode is FULL_DECODE_ONLY and kept.cudagraph_mode_note is None
-    assert ModelRunner(ToyConfig(capture_sizes=(1,)), "full").cudagraph_mode_note is None  # all ALWAYS
+    assert ModelRunner(ToyConfig(), CompilationConfig("full", (1,))).cudagraph_mode_note is None  # all ALWAYS
 
 
 def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
     class UniformShortConvBuilder(ShortConvMetadataBuilder):
         cudagraph_support = AttentionCGSupport.UNIFORM_BATCH
 
-    config = ToyConfig(layers=("attn", "sconv"), capture_sizes=(1, 2))  # not the first group: the least capable
-    runner = ModelRunner(config, "full", builders={"sconv": UniformShortConvBuilder(config, torch.device("cpu"))})
+    config = ToyConfig(layers=("attn", "sconv"))  # not the first group: the least capable
+    runner = ModelRunner(config, CompilationConfig("full", (1, 2)),
+                         builders={"sconv": UniformShortConvBuilder(config, torch.device("cpu"))})
     assert runner.cudagraph_mode is FULL_AND_PIECEWISE
     assert "UniformShortConvBuilder's cudagraph_support is UNIFORM_BATCH" in runner.cudagraph_mode_note
 
@@ -205,17 +208,17 @@ def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
         def build(self, common: object, for_capture: bool = False) -> None: ...
 
     with pytest.raises(ConfigError, match=r"builders\['sconv'\] \(Unlabelled\) must say .* cudagraph_support"):
-        ModelRunner(config, "full", builders={"sconv": Unlabelled()})
+        ModelRunner(config, CompilationConfig("full", (1, 2)), builders={"sconv": Unlabelled()})
 
 
 def test_linear_attention_must_stay_a_splitting_op_under_compiled_piecewise() -> None:
-    config = ToyConfig(layers=("linear_attn", "attn"), capture_sizes=(1, 2))
+    config = ToyConfig(layers=("linear_attn", "attn"))
     assert resolve_splitting_ops(None, config.layers) == ("cglab::linear_attention", "cglab::unified_attention")
     with pytest.raises(ConfigError, match="add cglab::linear_attention to splitting_ops"):
-        ModelRunner(config, CompilationConfig("piecewise", splitting_ops=["cglab::unified_attention"]))
+        ModelRunner(config, CompilationConfig("piecewise", (1, 2), splitting_ops=["cglab::unified_attention"]))
     # Without PIECEWISE graphs nothing is frozen in a piece: FULL lowered to FULL_DECODE_ONLY (attention
     # is not all split), and the FULL decode graphs hold decode capture metadata.
-    runner = ModelRunner(config, CompilationConfig("full", splitting_ops=["cglab::unified_attention"]))
+    runner = ModelRunner(config, CompilationConfig("full", (1, 2), splitting_ops=["cglab::unified_attention"]))
     assert runner.cudagraph_mode is FULL_DECODE_ONLY
 
 

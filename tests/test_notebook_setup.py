@@ -49,7 +49,7 @@ def test_setup_on_the_cpu_leaves_the_compile_backend_alone(threads: None, no_env
 def test_setup_on_a_gpu_compiles_the_pieces_eagerly(threads: None, no_env: pytest.MonkeyPatch,
                                                     replays: Counter[str]) -> None:
     assert setup_notebook() == "cuda"
-    assert ModelRunner(ToyConfig(capture_sizes=(1, 2)), "piecewise", device="cuda").compile_backend == "eager"
+    assert ModelRunner(ToyConfig(), CompilationConfig("piecewise", (1, 2)), device="cuda").compile_backend == "eager"
     result = run_repro("piecewise", device="cuda")  # the lesson holds with the eager backend's pieces
     assert result.error is None and not result.diverged
     assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
@@ -98,11 +98,13 @@ def test_the_bench_compiles_as_vllm_whatever_the_environment_says(no_env: pytest
     notebook whose setup chose eager for the lessons (and never inductor on the CPU)."""
     no_env.setenv(COMPILE_BACKEND_ENV, "inductor")
     config = BenchConfig.quick_preset(batch_sizes=(1,), modes=("compiled_full",))
-    runner = _make_runner("compiled_full", config.toy_config(), torch.device("cpu"), lambda *a, **k: None)
+    runner = _make_runner("compiled_full", config.toy_config(), config.batch_sizes, torch.device("cpu"),
+                          lambda *a, **k: None)
     assert runner.compile_backend == "eager"
     if GPU:
         no_env.setenv(COMPILE_BACKEND_ENV, "eager")
-        runner = _make_runner("compiled_full", config.toy_config(), torch.device("cuda"), lambda *a, **k: None)
+        runner = _make_runner("compiled_full", config.toy_config(), config.batch_sizes, torch.device("cuda"),
+                              lambda *a, **k: None)
         assert runner.compile_backend == "inductor"
 
 

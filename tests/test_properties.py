@@ -22,17 +22,20 @@ CI = settings(deadline=None, derandomize=True, database=None, suppress_health_ch
 
 
 @st.composite
-def engines(draw: st.DrawFn) -> tuple[ToyConfig, CUDAGraphMode, str]:
+def engines(draw: st.DrawFn) -> tuple[ToyConfig, tuple[int, ...], CUDAGraphMode, str]:
+    """A config, its capture sizes, a mode and a piecewise flavor (the draws keep their order: the
+    derandomized examples depend on it)."""
+    layers = tuple(draw(st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3)))
+    max_num_reqs = draw(st.integers(1, MAX_REQS))
+    sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True)))
     config = ToyConfig(
-        layers=tuple(draw(st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3))),
-        hidden_size=16, num_heads=2, vocab_size=32, block_size=4,
-        max_num_reqs=draw(st.integers(1, MAX_REQS)),
+        layers=layers, hidden_size=16, num_heads=2, vocab_size=32, block_size=4, max_num_reqs=max_num_reqs,
         max_model_len=(MAX_STEPS + 2) * MAX_QUERY, num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
-        capture_sizes=tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True))),
         sconv_kernel_size=draw(st.integers(2, 4)), compress_ratio=draw(st.sampled_from([2, 4])),
         strict_layers=draw(st.booleans()), seed=draw(st.integers(0, 3)),
     )
-    return config, draw(st.sampled_from(list(CUDAGraphMode))), draw(st.sampled_from(["compiled", "breakable"]))
+    return (config, sizes, draw(st.sampled_from(list(CUDAGraphMode))),
+            draw(st.sampled_from(["compiled", "breakable"])))
 
 
 def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
@@ -46,12 +49,12 @@ def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
 @settings(CI, max_examples=70)
 @given(data=st.data())
 def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) -> None:
-    config, mode, flavor = data.draw(engines())
+    config, sizes, mode, flavor = data.draw(engines())
     prompts = data.draw(st.lists(st.integers(1, 2 * MAX_QUERY), min_size=config.max_num_reqs,
                                  max_size=config.max_num_reqs))
     # Ends with request 0 alone: the rest of its prompt (if any), then surely a decode step.
     plan = data.draw(step_plans(config.max_num_reqs)) + [[2 * MAX_QUERY], [1]]
-    runner = ModelRunner(config, CompilationConfig(mode, use_breakable_cg=flavor == "breakable"))
+    runner = ModelRunner(config, CompilationConfig(mode, sizes, use_breakable_cg=flavor == "breakable"))
     reference = ModelRunner(config, "none")
     for i, prompt_len in enumerate(prompts):
         for r in (runner, reference):
@@ -106,8 +109,8 @@ def test_dispatch_picks_the_first_compatible_candidate(sizes: list[int], max_num
 
 def test_property_examples_exercise_graphs() -> None:
     """The property is only worth something if such steps really replay graphs: they do, in both modes."""
-    config = ToyConfig(layers=("sconv",), hidden_size=16, capture_sizes=(2,), max_num_reqs=2)
-    runner = ModelRunner(config, "full_and_piecewise")
+    config = ToyConfig(layers=("sconv",), hidden_size=16, max_num_reqs=2)
+    runner = ModelRunner(config, CompilationConfig("full_and_piecewise", (2,)))
     for i in range(2):
         runner.add_request(f"r{i}")
     assert runner.step({"r0": [1, 2], "r1": [3]}).descriptor.cg_mode is CUDAGraphMode.NONE  # 3 tokens > 2
@@ -133,9 +136,8 @@ def test_legacy_compiled_piecewise_skips_exactly_the_stateful_layers(
     nothing diverges."""
     config = ToyConfig(layers=tuple(layers), hidden_size=16, num_heads=2, vocab_size=32, block_size=4,
                        max_num_reqs=len(prompts), max_model_len=(MAX_STEPS + 2) * MAX_QUERY,
-                       num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
-                       capture_sizes=tuple(capture_sizes), seed=seed)
-    runner = ModelRunner(config, CompilationConfig("piecewise", legacy_skip_attn=True))
+                       num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4, seed=seed)
+    runner = ModelRunner(config, CompilationConfig("piecewise", tuple(capture_sizes), legacy_skip_attn=True))
     reference = ModelRunner(config, "none")
     for i, n in enumerate(prompts):
         for r in (runner, reference):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from cglab import ConfigError, ModelRunner, ReproResult, ToyConfig
+from cglab.compilation_config import CompilationConfig
 from cglab.config import adjust_capture_sizes_for_spec_decode
 from cglab.lab.plots import plot_tokens_per_step
 from cglab.spec_decode import (
@@ -114,11 +115,12 @@ def test_frozen_step_index_freezes_the_draft_column(device):
     """vLLM #48892 in the toy: with the step index a Python int, the FULL draft decode graph writes the
     column it was captured with (1) at every step. Draft 2 overwrites draft 1, draft 3's column stays
     stale, and the drafts the target verifies are wrong ones."""
-    config = ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48, capture_sizes=(4, 8))
+    config = ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48)
     prompt = [56, 26, 17, 26, 22, 2, 2, 63, 60]
     drafts = {}
     for frozen in (False, True):
-        runner = SpecDecodeRunner(config, "full", num_speculative_tokens=3, frozen_step_index=frozen, device=device)
+        runner = SpecDecodeRunner(config, CompilationConfig("full", (4, 8)), num_speculative_tokens=3,
+                                  frozen_step_index=frozen, device=device)
         runner.add_request("r", prompt)
         out = runner.step(["r"], eager=True)
         assert [d.cg_mode.value for d in out.draft_decode] == ["full", "full"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cglab import ModelRunner, ToyConfig
+from cglab.compilation_config import CompilationConfig
 from cglab.forward_context import set_forward_context
 from cglab.layers.compressor import Compressor, compressor
 from cglab.layers.sconv import short_conv
@@ -15,7 +16,7 @@ from cglab.layers.sconv import short_conv
 @pytest.mark.parametrize("mode", ["full", "piecewise", "none"])
 def test_step_logits_survive_the_next_step(device: str, mode: str) -> None:
     """A graph rewrites its static output at every replay: ``step()`` must return a copy of it."""
-    runner = ModelRunner(ToyConfig(layers=("sconv", "attn"), max_num_reqs=2, capture_sizes=(1, 2)), mode,
+    runner = ModelRunner(ToyConfig(layers=("sconv", "attn"), max_num_reqs=2), CompilationConfig(mode, (1, 2)),
                          device=device)
     runner.add_request("a")
     runner.step({"a": [1, 2, 3]}, eager=True)
@@ -63,8 +64,9 @@ def test_compressor_without_metadata_outputs_zeros_and_writes_no_state() -> None
 
 def test_a_padded_graph_step_returns_its_real_rows_only(device: str) -> None:
     """3 tokens replay the graph of 4: the step's logits are the 3 real rows, the eager ones."""
-    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, capture_sizes=(4,))
-    runner, reference = ModelRunner(config, "piecewise", device=device), ModelRunner(config, "none", device=device)
+    config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4)
+    runner = ModelRunner(config, CompilationConfig("piecewise", (4,)), device=device)
+    reference = ModelRunner(config, "none", device=device)
     for r in (runner, reference):
         for i in range(3):
             r.add_request(f"r{i}")

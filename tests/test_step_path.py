@@ -56,7 +56,7 @@ def step_calls(runner: ModelRunner, scheduled: dict[str, list[int]]) -> Counter[
 
 
 def _piecewise_step(mode: str, check_addresses: bool = False) -> tuple[ModelRunner, Counter[tuple[str, str]]]:
-    runner = ModelRunner(ToyConfig(capture_sizes=(2,)), CompilationConfig(mode, check_addresses=check_addresses))
+    runner = ModelRunner(ToyConfig(), CompilationConfig(mode, (2,), check_addresses=check_addresses))
     for name, prompt in (("a", [1, 2, 3]), ("b", [4, 5])):
         runner.add_request(name)
         runner.step({name: prompt}, eager=True)

@@ -7,6 +7,7 @@ import torch
 from cglab import ModelRunner, ToyConfig, run_repro
 from cglab.cli import main
 from cglab.compilation.backends import op_name
+from cglab.compilation_config import CompilationConfig
 from cglab.forward_context import set_forward_context
 
 STATEFUL_OPS = {"cglab::short_conv", "cglab::compressor"}
@@ -34,10 +35,10 @@ def test_python_guards_freeze_the_profiling_branch_under_torch_compile(device, m
 
 def test_the_trace_drops_the_guarded_ops(device):
     """Dynamo traced the profiling run: the guarded layers' ops are not in the compiled graph at all."""
-    config = ToyConfig(capture_sizes=(4,), python_guards=True)
-    frozen = ModelRunner(config, "piecewise", device=device)
+    config = ToyConfig(python_guards=True)
+    frozen = ModelRunner(config, CompilationConfig("piecewise", (4,)), device=device)
     assert _traced_ops(frozen) == {"cglab::unified_attention"}
-    guarded_in_op = ModelRunner(ToyConfig(capture_sizes=(4,)), "piecewise", device=device)
+    guarded_in_op = ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,)), device=device)
     assert _traced_ops(guarded_in_op) == {"cglab::unified_attention", *STATEFUL_OPS}
 
 

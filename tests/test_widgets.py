@@ -150,7 +150,7 @@ def test_verdict_table_passes_options_and_marks_failed_captures():
 
 
 def test_pictures_of_graphs_and_padding():
-    runner = ModelRunner(ToyConfig(capture_sizes=(4,)), "full_and_piecewise")
+    runner = ModelRunner(ToyConfig(), CompilationConfig("full_and_piecewise", (4,)))
     graphs = {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}
     assert len(draw_graph_anatomy(graphs).axes) == 1
     dispatcher = CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)

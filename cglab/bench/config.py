@@ -142,4 +142,4 @@ class BenchConfig:
         return ToyConfig(layers=self.layers, hidden_size=self.hidden_size, num_heads=self.num_heads, dtype=self.dtype,
                          block_size=BLOCK_SIZE, num_blocks=pool * blocks_per_request, max_num_reqs=pool,
                          max_model_len=self.max_model_len, max_num_batched_tokens=max(pool, self.prompt_len),
-                         capture_sizes=self.batch_sizes, seed=self.seed)
+                         seed=self.seed)

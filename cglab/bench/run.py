@@ -68,7 +68,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
             # earlier would go on using its freed workspace (an illegal address, or another tensor's bytes).
             for mode in build_order(config.modes):
                 status(f"{mode}: capture")
-                runners[mode] = _make_runner(mode, toy, device, status)
+                runners[mode] = _make_runner(mode, toy, config.batch_sizes, device, status)
                 status(f"{mode}: prefill")
                 _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
                 if BENCH_MODES[mode].flavor == "reduce-overhead":  # after the prefill: decode shapes only
@@ -100,7 +100,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
         finally:
             for runner in runners.values():
                 runner.close()
-    return BenchResult(rows, environment, {**asdict(config), "toy_config": _toy_dict(toy)})
+    return BenchResult(rows, environment, {**asdict(config), "toy_config": _toy_dict(toy),
+                                                  "capture_sizes": list(config.batch_sizes)})
 
 
 def build_order(modes: Sequence[str]) -> list[str]:
@@ -109,12 +110,14 @@ def build_order(modes: Sequence[str]) -> list[str]:
     return sorted(modes, key=lambda m: BENCH_MODES[m].flavor != "reduce-overhead")
 
 
-def _make_runner(mode: str, toy: ToyConfig, device: torch.device, status: Callable[..., None]) -> ModelRunner:
+def _make_runner(mode: str, toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device,
+                 status: Callable[..., None]) -> ModelRunner:
+    """A runner for ``mode``'s row with a graph for every batch size measured."""
     kind = BENCH_MODES[mode]
     # Every row but the compiled ones runs the plain model: breakable, where PIECEWISE applies.
     # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
     # every backend so CPU and GPU time the same work.
-    cc = CompilationConfig(kind.cg_mode, use_breakable_cg=kind.flavor != "compiled",
+    cc = CompilationConfig(kind.cg_mode, capture_sizes, use_breakable_cg=kind.flavor != "compiled",
                            backend=bench_compiler(device.type), check_addresses=False)
     return ModelRunner(toy, cc, device=device, progress=lambda d: status(f"captured {d}"))
 

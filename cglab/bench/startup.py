@@ -80,7 +80,12 @@ class StartupConfig:
         size = self.max_capture_size
         return ToyConfig(layers=self.layers, hidden_size=self.hidden_size, num_heads=self.num_heads, dtype=self.dtype,
                          block_size=BLOCK_SIZE, num_blocks=size, max_num_reqs=size, max_model_len=self.max_model_len,
-                         max_num_batched_tokens=size, capture_sizes=default_capture_sizes(size), seed=self.seed)
+                         max_num_batched_tokens=size, seed=self.seed)
+
+    @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        """vLLM's default ladder up to ``max_capture_size``."""
+        return default_capture_sizes(self.max_capture_size)
 
 
 @dataclass
@@ -118,8 +123,8 @@ def measure_startup(config: StartupConfig) -> StartupResult:
         paths = ("fixed",) if policy == "full" else ("fixed", "legacy")  # FULL always built metadata
         for flavor in config.flavors:
             for path in paths:
-                rows.append(_start(toy, device, policy, flavor, path))
-    return StartupResult(rows, environment, {**asdict(config), "capture_sizes": list(toy.capture_sizes),
+                rows.append(_start(toy, config.capture_sizes, device, policy, flavor, path))
+    return StartupResult(rows, environment, {**asdict(config), "capture_sizes": list(config.capture_sizes),
                                              "toy_config": {f.name: getattr(toy, f.name) for f in fields(toy)
                                                             if f.init}})
 
@@ -128,21 +133,25 @@ def _warm_process(toy: ToyConfig, device: torch.device) -> None:
     """Pay what only the first engine of a process pays (imports of the compiler stack, the device's
     context and libraries) on a tiny model, so that it lands in no row."""
     tiny = ToyConfig(layers=("sconv", "attn"), hidden_size=toy.num_heads * 4, num_heads=toy.num_heads,
-                     dtype=toy.dtype, max_num_reqs=2, capture_sizes=(1, 2))
-    ModelRunner(tiny, _compilation_config("full_and_piecewise", "compiled", "fixed", device), device=device).close()
+                     dtype=toy.dtype, max_num_reqs=2)
+    cc = _compilation_config("full_and_piecewise", "compiled", "fixed", device, (1, 2))
+    ModelRunner(tiny, cc, device=device).close()
 
 
-def _compilation_config(policy: str, flavor: str, path: str, device: torch.device) -> CompilationConfig:
+def _compilation_config(policy: str, flavor: str, path: str, device: torch.device,
+                        capture_sizes: tuple[int, ...]) -> CompilationConfig:
     # The address guard is a debugging aid: off, so that it costs nothing in the measured start-up.
-    return CompilationConfig(policy, use_breakable_cg=flavor == "breakable", legacy_skip_attn=path == "legacy",
-                             backend=bench_compiler(device.type), check_addresses=False)
+    return CompilationConfig(policy, capture_sizes, use_breakable_cg=flavor == "breakable",
+                             legacy_skip_attn=path == "legacy", backend=bench_compiler(device.type),
+                             check_addresses=False)
 
 
-def _start(toy: ToyConfig, device: torch.device, policy: str, flavor: str, path: str) -> dict[str, Any]:
+def _start(toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, policy: str, flavor: str,
+           path: str) -> dict[str, Any]:
     gc.collect()
     with _cold_compiles():
         start = time.perf_counter()
-        runner = ModelRunner(toy, _compilation_config(policy, flavor, path, device), device=device)
+        runner = ModelRunner(toy, _compilation_config(policy, flavor, path, device, capture_sizes), device=device)
         startup = time.perf_counter() - start
     try:
         manager = runner.cudagraph_manager

@@ -50,10 +50,11 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
     as ``run_repro``.
     """
-    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape)
     k = check_num_speculative_tokens(num_speculative_tokens)
     if k == 0:
         raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
+    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
+                                  capture_sizes, k)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, num_speculative_tokens=k,
                           max_num_reqs=max_num_reqs, **config_overrides)
     ops = resolve_splitting_ops(cc.splitting_ops, config.layers)  # bad input fails here

@@ -16,7 +16,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
-from cglab.config import CUDAGraphMode, ToyConfig, adjust_capture_sizes_for_spec_decode
+from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import ConfigError
 from cglab.runner import ModelRunner, parse_token_ids
 from cglab.spec_decode.draft_model import draft_layer_pairs
@@ -40,8 +40,8 @@ class SpecStepOutput:
 class SpecDecodeRunner:
     """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification.
 
-    ``config``'s capture sizes are rounded to multiples of ``K + 1`` first (as vLLM does); the target
-    ``ModelRunner`` gets ``compilation_config``, and the drafter captures with the same settings.
+    The target ``ModelRunner`` gets ``compilation_config`` (its capture sizes rounded to multiples of
+    ``K + 1``, as vLLM does), and the drafter captures with the same settings.
     ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
     """
 
@@ -61,8 +61,6 @@ class SpecDecodeRunner:
             raise ConfigError(f"frozen_step_index must be True or False, got {frozen_step_index!r}")
         pairs = draft_layer_pairs(draft_layers)
         check_spec_decode_layers(config.layers, pairs)
-        config = dataclasses.replace(config, capture_sizes=adjust_capture_sizes_for_spec_decode(
-            config.capture_sizes, k))
         self.config = config
         self.num_speculative_tokens = k
         self.target = ModelRunner(config, compilation_config, device=device,

@@ -72,11 +72,10 @@ class AutoRegressiveSpeculator:
         self.draft_tokens = torch.zeros(config.max_num_reqs, num_speculative_tokens, dtype=torch.long, device=device)
         self.last_token_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
         self.current_draft_step = torch.zeros((), dtype=torch.long, device=device)
-        mode = target.cudagraph_mode
-        self.prefill_dispatcher = CudagraphDispatcher(mode, config.capture_sizes, config.max_num_reqs,
+        mode, sizes = target.cudagraph_mode, target.compilation_config.cudagraph_capture_sizes
+        self.prefill_dispatcher = CudagraphDispatcher(mode, sizes, config.max_num_reqs,
                                                       decode_query_len=num_speculative_tokens + 1)
-        self.decode_dispatcher = CudagraphDispatcher(draft_decode_mode(mode), config.capture_sizes,
-                                                     config.max_num_reqs)
+        self.decode_dispatcher = CudagraphDispatcher(draft_decode_mode(mode), sizes, config.max_num_reqs)
         self.prefill_manager: SpeculatorCudaGraphManager | None = None
         self.decode_manager: SpeculatorCudaGraphManager | None = None
         backend = target.graph_backend
