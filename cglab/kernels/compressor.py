@@ -13,9 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels.rows import row_channel_grid
 from cglab.metadata import CompressorMetadata
-
-_CHANNELS_PER_PROGRAM = 128
 
 
 @triton.jit
@@ -67,13 +66,10 @@ def _pool_kernel(output, compressed_cache, visible_slots, hidden, num_groups, st
 def compressor(kv: torch.Tensor, output: torch.Tensor, state_cache: torch.Tensor, compressed_cache: torch.Tensor,
                pool_logits: torch.Tensor, md: CompressorMetadata) -> None:
     """Launch both kernels over (token row, block of channels); tensors are ``[rows, hidden]``."""
-    num_tokens, hidden = kv.shape
-    if num_tokens == 0:
+    launch = row_channel_grid((kv, output, state_cache, compressed_cache))
+    if launch is None:
         return
-    for t in (kv, output, state_cache, compressed_cache):
-        assert t.stride(-1) == 1, "the kernels read channels contiguously"
-    block = min(_CHANNELS_PER_PROGRAM, triton.next_power_of_2(hidden))
-    grid = (num_tokens, triton.cdiv(hidden, block))
+    (grid, block), hidden = launch, kv.shape[1]
     ratio = pool_logits.shape[0]
     _save_and_compress_kernel[grid](
         kv, state_cache, compressed_cache, pool_logits, md.slot_mapping, md.group_slots, md.compress_slots, hidden,

@@ -11,9 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels.rows import row_channel_grid
 from cglab.metadata import ShortConvMetadata
-
-_CHANNELS_PER_PROGRAM = 128
 
 
 @triton.jit
@@ -49,14 +48,12 @@ def _short_conv_kernel(x, output, conv_state, weight, slot_mapping, tap_slots, h
 def short_conv(x: torch.Tensor, output: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
                md: ShortConvMetadata) -> None:
     """Launch the kernel over (token row, block of channels); tensors are ``[rows, hidden]``."""
-    num_tokens, hidden = x.shape
-    if num_tokens == 0:
+    launch = row_channel_grid((x, output, conv_state, weight))
+    if launch is None:
         return
-    for t in (x, output, conv_state, weight):
-        assert t.stride(-1) == 1, "the kernel reads channels contiguously"
-    block = min(_CHANNELS_PER_PROGRAM, triton.next_power_of_2(hidden))
-    _short_conv_kernel[(num_tokens, triton.cdiv(hidden, block))](
-        x, output, conv_state, weight, md.slot_mapping, md.tap_slots, hidden,
+    grid, block = launch
+    _short_conv_kernel[grid](
+        x, output, conv_state, weight, md.slot_mapping, md.tap_slots, x.shape[1],
         x.stride(0), output.stride(0), conv_state.stride(0), weight.stride(0), md.tap_slots.stride(0),
         KERNEL_SIZE=weight.shape[0],
         BLOCK_TAPS=triton.next_power_of_2(max(weight.shape[0] - 1, 1)), BLOCK_H=block)
