@@ -7,7 +7,6 @@ A runner created with ``cudagraph_mode="none"`` is the eager reference every com
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from cglab.config import (
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
-    adjust_capture_sizes_for_spec_decode,
     check_positive_int,
     resolve_cudagraph_mode,
     resolve_splitting_ops,
@@ -106,9 +104,8 @@ class ModelRunner:
             raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
         cc = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
-        if spec is not None:  # as vLLM adjusts them: only multiples of K + 1 can be uniform graphs
-            cc = dataclasses.replace(cc, cudagraph_capture_sizes=adjust_capture_sizes_for_spec_decode(
-                cc.cudagraph_capture_sizes, spec.num_speculative_tokens))
+        if spec is not None:
+            cc = cc.adjust_cudagraph_sizes_for_spec_decode(spec.num_speculative_tokens)
         self.compilation_config = cc
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config

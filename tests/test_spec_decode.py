@@ -207,6 +207,14 @@ def test_capture_sizes_rounded_to_the_verification_step():
         adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 8)
 
 
+def test_a_runner_serving_a_drafter_captures_only_rounded_sizes():
+    """The sizes given are rounded where both configs meet, in the runner, and its graphs follow."""
+    runner = SpecDecodeRunner(ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48),
+                              CompilationConfig("full_and_piecewise", (1, 2, 4, 8)), num_speculative_tokens=2)
+    assert runner.target.compilation_config.cudagraph_capture_sizes == (3, 6)
+    assert {d.num_tokens for d in runner.target.dispatcher.capture_descriptors()} == {3, 6}
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"num_speculative_tokens": 0}, "nothing to draft"),
     ({"num_speculative_tokens": -1}, "at least 0"),
