@@ -98,7 +98,29 @@ def test_targets_are_decided_by_the_worst_batch() -> None:
 
 
 def test_targets_need_their_modes() -> None:
-    assert targets(_result({"none": {1: 1.0}, "full": {1: 1.0}})) == []
+    assert targets(_result({"none": {1: 1.0}})) == []
+    assert [t.name for t in targets(_result({"none": {1: 1.0}, "full": {1: 1.0}}))] == ["FULL replay / kernel floor"]
+
+
+def test_the_fused_kernel_targets_read_the_rows_and_the_baseline() -> None:
+    result = _result({"full": {1: 300.0, 16: 400.0, 64: 900.0}, "compiled_full": {1: 280.0, 4: 290.0}},
+                     roofline_us=35.0)
+    for r in result.rows:  # FULL froze the whole key range at batch 16 only
+        r["attn_key_range"] = 48 if (r["mode"], r["batch_size"]) == ("full", 16) else 7
+    result.config["max_model_len"] = 48
+    result.rows[0]["kernel_floor_us"], result.rows[1]["kernel_floor_us"] = 290.0, 320.0  # worst 1.25, at 16
+    # (FULL at batch 64 sits at 2.0 over its floor, but above batch 16)
+    baseline = _result({"full": {1: 741.0}})
+    by_name = {t.name: t for t in targets(result, baseline=baseline)}
+    assert (by_name["FULL replay / kernel floor"].measured, by_name["FULL replay / kernel floor"].met) == (1.25, False)
+    keys = by_name["rows whose attention reads max_model_len keys"]
+    assert (keys.measured, keys.met, keys.detail) == (1, False, "full")
+    assert (by_name["compiled FULL step"].measured, by_name["compiled FULL step"].met) == (280.0, True)
+    assert by_name["kernels per compiled FULL step"].measured == 10 and by_name["kernels per compiled FULL step"].met
+    assert (by_name["compiled FULL / roofline"].measured, by_name["compiled FULL / roofline"].met) == (8.0, True)
+    before = by_name["compiled FULL / the FULL step before the fused kernels"]
+    assert (before.measured, before.met) == (round(280 / 741, 3), True)
+    assert "compiled FULL / the FULL step before the fused kernels" not in {t.name for t in targets(result)}
 
 
 # ----------------------------------------------------------------------------------- row kinds

@@ -75,8 +75,9 @@ class Target:
         return f"{'met' if self.met else 'MISSED'}: {self.name} {self.measured:.3g} (goal {self.goal}; {self.detail})"
 
 
-def targets(result: BenchResult, small_batch: int = 16) -> list[Target]:
-    """The latency targets, from whichever of their modes the result has."""
+def targets(result: BenchResult, small_batch: int = 16, baseline: BenchResult | None = None) -> list[Target]:
+    """The latency targets, from whichever of their modes the result has. ``baseline``: a run from before
+    the fused kernels, whose FULL step the compiled FULL step is held against."""
     found = []
     compiled = _medians(result, "compiled_full")
     if compiled and _medians(result, "full"):
@@ -95,6 +96,44 @@ def targets(result: BenchResult, small_batch: int = 16) -> list[Target]:
         ratio = round(eager[first] / compiled[first], 3)
         found.append(Target("eager / compiled FULL", f">= 8 at batch {first}", ratio, ratio >= 8,
                             f"{eager[first]:.0f} us over {compiled[first]:.0f} us"))
+    return found + _fused_kernel_targets(result, small_batch, baseline)
+
+
+def _fused_kernel_targets(result: BenchResult, small_batch: int, baseline: BenchResult | None) -> list[Target]:
+    """The targets set for one fused kernel per attention-like op (Triton), at the smallest batch of the
+    compiled FULL rows and over the FULL rows up to ``small_batch``."""
+    found = []
+    full = {r["batch_size"]: r for r in result.rows if r["mode"] == "full" and r["batch_size"] <= small_batch}
+    floor = _worst({b: round(r["median_us"] / r["kernel_floor_us"], 3) for b, r in full.items()
+                    if r["kernel_floor_us"] > 0})
+    if floor is not None:
+        found.append(Target("FULL replay / kernel floor", f"<= 1.2 at batch <= {small_batch}", floor[1],
+                            floor[1] <= 1.2, f"worst at batch {floor[0]}"))
+    reads_all = [r for r in result.rows if r.get("attn_key_range", 0) >= result.config.get("max_model_len", math.inf)]
+    if result.rows and "attn_key_range" in result.rows[0]:
+        found.append(Target("rows whose attention reads max_model_len keys", "0 (live keys only, every mode)",
+                            len(reads_all), not reads_all, ", ".join(sorted({r["mode"] for r in reads_all})) or
+                            "every row reads the live keys"))
+    compiled = {r["batch_size"]: r for r in result.rows if r["mode"] == "compiled_full"}
+    if not compiled:
+        return found
+    first = min(compiled)
+    row = compiled[first]
+    found.append(Target("compiled FULL step", f"<= 300 us at batch {first}", row["median_us"],
+                        row["median_us"] <= 300, f"{row['median_us']:.0f} us"))
+    if not math.isnan(row.get("kernels", math.nan)):
+        found.append(Target("kernels per compiled FULL step", f"<= 100 at batch {first}", row["kernels"],
+                            row["kernels"] <= 100, f"{_count(row['kernels'])} kernels"))
+    roof = result.environment.get("roofline_us")
+    if roof:
+        ratio = round(row["median_us"] / roof, 3)
+        found.append(Target("compiled FULL / roofline", f"<= 8 at batch {first}", ratio, ratio <= 8,
+                            f"roofline {roof:.1f} us"))
+    before = _medians(baseline, "full").get(first) if baseline is not None else None
+    if before:
+        ratio = round(row["median_us"] / before, 3)
+        found.append(Target("compiled FULL / the FULL step before the fused kernels", f"<= 0.4 at batch {first}",
+                            ratio, ratio <= 0.4, f"{row['median_us']:.0f} us over {before:.0f} us"))
     return found
 
 
