@@ -142,15 +142,22 @@ def _close(triton: torch.Tensor, aten: torch.Tensor, what: str) -> None:
     torch.testing.assert_close(triton, aten, **TOLERANCE[aten.dtype], msg=lambda m: f"{what}: {m}")
 
 
+def _case(config: str, batch: str, kind: str, seed: int) -> tuple[ToyConfig, Batch, str, Any, torch.Generator]:
+    """One parity case: the toy config, the batch, the layer's name and metadata, a seeded generator."""
+    toy, step = CONFIGS[config], BATCHES[batch]
+    return (toy, step, *_metadata(toy, step, kind), torch.Generator().manual_seed(seed))
+
+
+def _randn(gen: torch.Generator, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_unified_attention_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
-    toy, step = CONFIGS[config], BATCHES[batch]
-    name, md = _metadata(toy, step, "attn")
-    gen = torch.Generator().manual_seed(0)
-    qkv = torch.randn(step.tokens, 3, toy.num_heads, toy.head_dim, generator=gen).to(dtype).to(DEVICE)
-    q, k, v = qkv.unbind(1)  # strided views, as the layer passes them
+    toy, step, name, md, gen = _case(config, batch, "attn", 0)
+    q, k, v = _randn(gen, dtype, step.tokens, 3, toy.num_heads, toy.head_dim).unbind(1)  # strided, as the layer
     kv_cache = _cache((2, toy.num_blocks + 1, toy.block_size, toy.num_heads, toy.head_dim), dtype, gen)
     out = torch.empty_like(q)
     aten, triton = _run_both(unified_attention, name, md, [q, k, v, out, kv_cache, name, False],
@@ -177,12 +184,10 @@ def test_unified_attention_follows_a_stale_plan() -> None:
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_short_conv_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
-    toy, step = CONFIGS[config], BATCHES[batch]
-    name, md = _metadata(toy, step, "sconv")
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(step.tokens, toy.hidden_size, generator=gen).to(dtype).to(DEVICE)
+    toy, step, name, md, gen = _case(config, batch, "sconv", 2)
+    x = _randn(gen, dtype, step.tokens, toy.hidden_size)
     conv_state = _cache((toy.num_slots + 1, toy.hidden_size), dtype, gen)
-    weight = torch.randn(toy.sconv_kernel_size, toy.hidden_size, generator=gen).to(dtype).to(DEVICE)
+    weight = _randn(gen, dtype, toy.sconv_kernel_size, toy.hidden_size)
     aten, triton = _run_both(short_conv, name, md, [x, torch.empty_like(x), conv_state, weight, name, False], 1,
                              {2: LAST_ROW})
     _close(triton[1], aten[1], "output")
@@ -193,14 +198,12 @@ def test_short_conv_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_compressor_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
-    toy, step = CONFIGS[config], BATCHES[batch]
-    name, md = _metadata(toy, step, "compressor")
-    gen = torch.Generator().manual_seed(3)
-    kv = torch.randn(step.tokens, toy.hidden_size, generator=gen).to(dtype).to(DEVICE)
+    toy, step, name, md, gen = _case(config, batch, "compressor", 3)
+    kv = _randn(gen, dtype, step.tokens, toy.hidden_size)
     entries = toy.num_blocks * (toy.block_size // toy.compress_ratio)
     state_cache = _cache((toy.num_slots + 1, toy.hidden_size), dtype, gen)
     compressed_cache = _cache((entries + 1, toy.hidden_size), dtype, gen)
-    pool_logits = torch.randn(toy.compress_ratio, generator=gen).to(dtype).to(DEVICE)
+    pool_logits = _randn(gen, dtype, toy.compress_ratio)
     aten, triton = _run_both(compressor, name, md, [kv, torch.empty_like(kv), state_cache, compressed_cache,
                                                     pool_logits, name, False], 1, {2: LAST_ROW, 3: LAST_ROW})
     _close(triton[1], aten[1], "output")
@@ -208,21 +211,19 @@ def test_compressor_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
     _close(triton[3][:-1], aten[3][:-1], "the compressed cache")
 
 
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("config", CONFIGS)
 def test_linear_attention_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
-    toy, step = CONFIGS[config], BATCHES[batch]
-    name, md = _metadata(toy, step, "linear_attn")
-    gen = torch.Generator().manual_seed(4)
-    q, k, v = torch.randn(step.tokens, 3, toy.num_heads, toy.head_dim, generator=gen).to(dtype).to(DEVICE).unbind(1)
+    toy, step, name, md, gen = _case(config, batch, "linear_attn", 4)
+    q, k, v = _randn(gen, dtype, step.tokens, 3, toy.num_heads, toy.head_dim).unbind(1)
     decay = torch.sigmoid(torch.randn(toy.num_heads, generator=gen) + 2).to(dtype).to(DEVICE)
     state_cache = _cache((toy.num_blocks + 1, toy.num_heads, toy.head_dim, toy.head_dim), dtype, gen)
     aten, triton = _run_both(linear_attention, name, md, [q, k, v, decay, torch.empty_like(q), state_cache, name], 4,
                              {5: LAST_ROW})
     _close(triton[4], aten[4], "output")
     _close(triton[5][:-1], aten[5][:-1], "the state cache")
+
 
 # Chunked prefill beside decodes, then decode batches of changing size: ``(request, prompt length or
 # None, new tokens)`` per step.
