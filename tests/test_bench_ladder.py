@@ -18,7 +18,7 @@ from cglab.bench import BenchConfig, BenchResult
 from cglab.bench import roofline as roofline_module
 from cglab.bench.peer import capture_safe
 from cglab.bench.profiling import without_profiler_log_lines
-from cglab.bench.report import SIM_FLOOR_NOTE, bench_table, ladder, targets
+from cglab.bench.report import SIM_FLOOR_NOTE, bench_table, kernel_set, kernel_sets_table, ladder, targets
 from cglab.bench.roofline import measure_bandwidth, roofline, weight_bytes
 from cglab.bench.run import build_order
 from cglab.cli import main
@@ -121,6 +121,20 @@ def test_the_fused_kernel_targets_read_the_rows_and_the_baseline() -> None:
     before = by_name["compiled FULL / the FULL step before the fused kernels"]
     assert (before.measured, before.met) == (round(280 / 741, 3), True)
     assert "compiled FULL / the FULL step before the fused kernels" not in {t.name for t in targets(result)}
+
+
+def test_two_kernel_sets_side_by_side() -> None:
+    before = _result({"none": {1: 8000.0}, "full": {1: 750.0}}, roofline_us=50.0)  # recorded before --kernels
+    after = _result({"none": {1: 2200.0}, "full": {1: 400.0}, "compiled_full": {1: 350.0}}, roofline_us=40.0,
+                    kernels="triton")
+    for r in after.rows:
+        r["kernels"] = 97
+    assert (kernel_set(before), kernel_set(after)) == ("aten", "triton")
+    lines = kernel_sets_table(before, after, 1).splitlines()
+    assert lines[0] == "  batch 1: aten -> triton"
+    assert [line.split()[0] for line in lines[2:]] == ["none", "full"]  # the modes both runs have
+    # median, kernels, floor (median / 2 here) and multiple of each run's own roofline
+    assert lines[3].split() == ["full", "750", "->", "400", "10", "->", "97", "375", "->", "200", "15", "->", "10"]
 
 
 # ----------------------------------------------------------------------------------- row kinds

@@ -28,6 +28,7 @@ from cglab.lab.plots import (
     MODE_COLORS,
     path_colors,
     plot_kernel_floor,
+    plot_kernel_sets,
     plot_ladder,
     plot_latency,
     plot_overview,
@@ -119,6 +120,22 @@ def test_the_kernel_floor_labels_one_row_per_mode() -> None:
     rows = {round(t.get_window_extent().y0) for t in ax.texts if t.get_text().endswith("%")}
     assert len(rows) == 2  # FULL and compiled FULL, each on its own line
     assert sum(t.get_text().endswith("%") for t in ax.texts) == 2 * 9  # one label per batch size
+
+
+def test_the_kernel_sets_share_one_scale_and_name_their_kernels() -> None:
+    before, after = (load_results(DATA / f"h200_ladder_8x1024_bf16{kind}") for kind in ("", "_triton"))
+    fig = plot_kernel_sets(before, after)
+    plt.close(fig)
+    _drawn(fig)
+    assert _overlapping_texts(fig) == []
+    left, right = fig.axes
+    assert left.get_ylim() == right.get_ylim()
+    assert left.get_title().startswith("the ops' aten bodies, batch 1 (2026-12-01)")
+    assert right.get_title().startswith("one Triton kernel per op, batch 1 (2026-12-02)")
+    for ax in fig.axes:  # every bar's label inside its axes, under the legend
+        inside, legend = ax.get_window_extent(), ax.get_legend().get_window_extent()
+        labels = [t.get_window_extent() for t in ax.texts]
+        assert len(labels) == 6 and all(inside.contains(b.x0, b.y1) and not b.overlaps(legend) for b in labels)
 
 
 def _distance(a: object, b: object) -> float:

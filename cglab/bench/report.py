@@ -14,10 +14,20 @@ from cglab.bench.files import BenchResult
 from cglab.bench.modes import BENCH_MODES
 from cglab.bench.startup import StartupResult
 
-__all__ = ["SIM_FLOOR_NOTE", "Target", "bench_table", "ladder", "startup_table", "startup_targets", "targets"]
+__all__ = ["KERNEL_SET_LABELS", "SIM_FLOOR_NOTE", "Target", "bench_table", "kernel_set", "kernel_sets_table", "ladder",
+           "startup_table", "startup_targets", "targets"]
 
 SIM_FLOOR_NOTE = ("* op time: the summed CPU time of the aten ops, measured under the profiler, whose tracing slows "
                   "every op. The simulator has no GPU kernels, so this is no kernel floor and may exceed the median.")
+
+
+KERNEL_SET_LABELS = {"aten": "the ops' aten bodies", "triton": "one Triton kernel per op"}
+
+
+def kernel_set(result: BenchResult) -> str:
+    """The custom ops' kernels a run used. Runs recorded before ``--kernels`` existed ran the aten
+    bodies, the only kernels there were, and recorded no entry."""
+    return result.environment.get("kernels") or "aten"
 
 
 def bench_table(result: BenchResult) -> str:
@@ -59,6 +69,23 @@ def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
              "kernels": r.get("kernels", math.nan), "kernel_floor_us": r["kernel_floor_us"],
              "speedup_over_eager": None if eager is None else round(eager["median_us"] / r["median_us"], 3)}
             for mode, r in ((m, rows[m]) for m in result.modes if m in rows)]
+
+
+def kernel_sets_table(before: BenchResult, after: BenchResult, batch_size: int) -> str:
+    """Each mode at ``batch_size`` in two runs side by side (latency, kernels, kernel floor and distance to
+    the roofline), for the modes both have; each run names its kernel set in the header."""
+    a, b = ({r["mode"]: r for r in ladder(res, batch_size)} for res in (before, after))
+    names = [kernel_set(res) for res in (before, after)]
+    roofs = [res.environment.get("roofline_us") or math.nan for res in (before, after)]
+    lines = [f"  batch {batch_size}: {names[0]} -> {names[1]}",
+             f"  {'mode':<20}{'median us':>16}{'kernels':>12}{'floor us':>14}{'x roofline':>12}"]
+    for mode in (m for m in a if m in b):
+        x, y = a[mode], b[mode]
+        lines.append(f"  {mode:<20}{x['median_us']:>7.0f} -> {y['median_us']:<5.0f}"
+                     f"{_count(x['kernels']):>5} -> {_count(y['kernels']):<4}{x['kernel_floor_us']:>6.0f} -> "
+                     f"{y['kernel_floor_us']:<5.0f}{x['median_us'] / roofs[0]:>5.0f} -> "
+                     f"{y['median_us'] / roofs[1]:.0f}")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

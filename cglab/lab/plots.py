@@ -16,8 +16,8 @@ from cglab.bench import BENCH_MODES, BenchResult
 from cglab.errors import ConfigError
 from cglab.repro import ReproResult
 
-__all__ = ["MODE_COLORS", "SIM_LABEL", "path_colors", "plot_kernel_floor", "plot_ladder", "plot_latency",
-           "plot_overview", "plot_piecewise_break_cost", "plot_speedup", "plot_tokens_per_step"]
+__all__ = ["MODE_COLORS", "SIM_LABEL", "path_colors", "plot_kernel_floor", "plot_kernel_sets", "plot_ladder",
+           "plot_latency", "plot_overview", "plot_piecewise_break_cost", "plot_speedup", "plot_tokens_per_step"]
 
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
 # One colour per benchmark mode in every picture. None is the legacy path's red or the fixed path's blue
@@ -128,6 +128,23 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="upper right")
     return _title(ax, result, title)
+
+
+def plot_kernel_sets(before: BenchResult, after: BenchResult, batch_size: int | None = None) -> Figure:
+    """The ladder of two runs side by side on one latency scale, each titled with its kernel set: what one
+    fused kernel per attention-like op changes in launches, kernels, floor and distance to the roofline."""
+    from cglab.bench.report import KERNEL_SET_LABELS, kernel_set
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
+    tallest = 0.0
+    for ax, result in zip(axes, (before, after)):
+        size = min(_all_sizes(result)) if batch_size is None else batch_size
+        plot_ladder(result, size, ax)
+        date = result.environment.get("date", "")[:10]
+        _title(ax, result, f"{KERNEL_SET_LABELS[kernel_set(result)]}, batch {size}" + (f" ({date})" if date else ""))
+        tallest = max([tallest] + [r["median_us"] for r in result.rows if r["batch_size"] == size])
+    axes[0].set_ylim(top=tallest * 6)  # one scale for both, with room above the tallest bar for its labels
+    return fig
 
 
 def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Axes:
