@@ -7,7 +7,7 @@
 Each mutation is a text edit (an ``old`` string that must occur exactly once in its file, and its
 replacement), made in a scratch copy of the tree (``.venv``, ``.git``, caches and ``build/`` left
 behind, so the checkout itself is never touched). Then the mutation's own test files run there,
-``pytest -q -x -p no:cacheprovider``, with ``PYTHONPATH`` set to the copy and ``OMP_NUM_THREADS=1``.
+``pytest -q -x -p no:cacheprovider``, with the copy first on ``PYTHONPATH`` and ``OMP_NUM_THREADS=1``.
 A failing test means the bug was caught; a green run means it SURVIVED. First the same test files
 run on the unchanged copy: a test that fails without any bug would catch everything and prove
 nothing (``--no-baseline`` skips that).
@@ -193,7 +193,9 @@ def scratch_copy(destination: Path) -> Path:
 
 
 def environment(tree: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+    # The copy first; then any PYTHONPATH the caller set (e.g. a Triton installed outside the venv).
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
            # No bytecode: a mutated file and its original can share size and mtime, and a stale .pyc
            # would run the wrong one.
            "PYTHONDONTWRITEBYTECODE": "1"}
