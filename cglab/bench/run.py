@@ -172,8 +172,11 @@ def _startup(runner: ModelRunner) -> dict[str, float | None]:
     """Compile and capture seconds of one runner (the profiling run compiles, before any capture)."""
     manager = runner.cudagraph_manager
     assert manager is not None and manager.capture_stats is not None
-    compiled = runner.forward_model.compile_seconds if isinstance(runner.forward_model, CompiledModel) else None
+    model = runner.forward_model if isinstance(runner.forward_model, CompiledModel) else None
+    compiled = None if model is None else model.compile_seconds
+    # A reused trace (compilation/caching.py) compiles in a fraction of a first start's time: said so.
     return {"compile": None if compiled is None else round(compiled, 3),
+            "trace_reused": None if model is None else model.trace_reused,
             "warmup_and_capture": round(manager.capture_stats.seconds, 3)}
 
 

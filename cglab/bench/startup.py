@@ -7,8 +7,9 @@ at capture, where the legacy path recorded a no-op. ``fix_ratio`` is the fixed p
 capture time over the legacy path's. A FULL-only policy has one path (FULL always built metadata),
 so it gets one row.
 
-Every row starts cold: inductor's caches are switched off while it is measured, so each compile is
-the one a first start pays (a warm cache removes most of it, and nothing else).
+Every row starts cold: inductor's caches and the shared dynamo traces (``compilation/caching.py``) are
+switched off while it is measured, so each compile is the one a first start pays (a warm cache
+removes most of it, and nothing else).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from cglab.bench.config import BLOCK_SIZE, check_bounds, check_memory, choose_na
 from cglab.bench.environment import collect_environment
 from cglab.bench.files import read_pair, save_pair
 from cglab.bench.modes import POLICIES, bench_compiler
-from cglab.compilation import CompiledModel
+from cglab.compilation import CompiledModel, caching
 from cglab.compilation_config import CompilationConfig
 from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes, parse_layer_pattern
 from cglab.runner import ModelRunner, resolve_device
@@ -177,9 +178,10 @@ def _cold_compiles() -> Iterator[None]:
     import torch._inductor.config as inductor_config
 
     if "force_disable_caches" not in getattr(inductor_config, "_config", {}):
-        yield
+        with caching.disabled():
+            yield
         return
-    with inductor_config.patch(force_disable_caches=True), warnings.catch_warnings():
+    with caching.disabled(), inductor_config.patch(force_disable_caches=True), warnings.catch_warnings():
         # Announces only what this context asked for.
         warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
         yield

@@ -11,13 +11,16 @@ trace again). Graphs are then captured per size from that one compiled graph.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import types
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from cglab.compilation import caching
 from cglab.compilation.backends import CglabBackend
 from cglab.compilation.cuda_graph import CUDAGraphWrapper
 from cglab.compilation_config import CompilationConfig
@@ -47,7 +50,10 @@ def _size_oblivious() -> contextlib.AbstractContextManager[None]:
 
 
 class CompiledModel:
-    """Calls the model through ``torch.compile`` with ``backend``; the token dimension is symbolic."""
+    """Calls the model through ``torch.compile`` with ``backend``; the token dimension is symbolic.
+
+    The first call traces (or reuses the trace of an identical model, ``caching.py``); every later
+    call runs the backend's split graph directly, as vLLM's wrapper runs the compiled code."""
 
     def __init__(self, model: nn.Module, backend: CglabBackend) -> None:
         self.model = model
@@ -56,30 +62,62 @@ class CompiledModel:
         # vLLM logs this apart from capture time, since caches can remove it and nothing else.
         self.compile_seconds: float | None = None
         self.traced_num_tokens: int | None = None  # the size dynamo traced at (its hint for every size)
-        self._compiled = torch.compile(fresh_forward(model), backend=backend, fullgraph=True, dynamic=False,
+        self.trace_reused = False  # the trace came from an identical model's (no dynamo run)
+        self._arg_names = [name for name in inspect.signature(type(model).forward).parameters if name != "self"]
+        self._bound: list[Any] | None = None
+        self._traced: tuple[torch.fx.GraphModule, caching.GraphInputs] | None = None  # what _on_trace saw
+        self._compiled = torch.compile(fresh_forward(model), backend=self._on_trace, fullgraph=True, dynamic=False,
                                        options={"guard_filter_fn": lambda guards: [False for _ in guards]})
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Run the model on ``inputs`` (token ids, positions and, for a drafter, hidden states), each
         with the token count as its first dimension."""
-        if self.backend.num_compiles:
-            return self._compiled(*inputs)
+        if self._bound is not None:
+            assert self.backend.split_gm is not None
+            return self.backend.split_gm(*caching.call_args(self._bound, inputs))[0]
+        start = time.perf_counter()
+        # Inductor compiles the pieces inside dynamo's tracing context: only the eager pieces share.
+        fingerprint = caching.trace_fingerprint(self.model, inputs) if self.backend.compiler == "eager" else None
+        trace = caching.cached_trace(fingerprint)
+        try:
+            if trace is not None:  # the same graph through this model's own backend: its own pieces, wrappers
+                self.backend(trace.graph, [])
+                self._use(trace, start, reused=True)
+                return self(*inputs)
+            self.traced_num_tokens = inputs[0].shape[0]
+            return self._trace(inputs)
+        finally:  # also when the run after the trace raised (a strict layer): the trace itself is done
+            if self._traced is not None and self._bound is None:
+                trace = caching.Trace(*self._traced, num_tokens=inputs[0].shape[0])
+                caching.save_trace(fingerprint, trace)
+                self._use(trace, start, reused=False)
+
+    def _use(self, trace: caching.Trace, start: float, reused: bool) -> None:
+        self._bound = trace.inputs.bind(self.model)
+        self.traced_num_tokens, self.trace_reused = trace.num_tokens, reused
+        self.compile_seconds = time.perf_counter() - start
+
+    def _on_trace(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        """What dynamo hands its graph to: note where each placeholder comes from (dynamo drops that
+        once it returns), then the backend."""
+        self._traced = gm, caching.GraphInputs.of(caching.placeholder_sources(gm), self._arg_names)
+        return self.backend(gm, example_inputs)
+
+    def _trace(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         for tensor in inputs:
             torch._dynamo.mark_dynamic(tensor, 0)
-        self.traced_num_tokens = inputs[0].shape[0]
-        start = time.perf_counter()
         try:
             with _size_oblivious():
-                out = self._compiled(*inputs)
+                return self._compiled(*inputs)
         except torch._dynamo.exc.TorchDynamoException as exc:
+            if isinstance(getattr(exc, "inner_exception", None), CaptureError):  # raised by _on_trace
+                raise exc.inner_exception from None
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise CaptureError(
                 f"torch.compile could not trace the model into one graph ({first}). The model's Python outside "
                 "its custom ops is traced once for every size: keep host reads (.item(), printing) and "
                 "data-dependent branches out of it, inside a custom op or before the step; or use "
                 "piecewise_flavor='breakable', which does not compile") from exc
-        self.compile_seconds = time.perf_counter() - start
-        return out
 
 
 def build_forward_model(model: nn.Module, cc: CompilationConfig, policy: CUDAGraphMode, graph_backend: GraphBackend,

@@ -15,14 +15,13 @@ import torch
 from torch import nn
 
 from cglab.batch import BatchExecutionDescriptor
-from cglab.compilation import CUDAGraphWrapper
+from cglab.compilation import CompiledModel, CUDAGraphWrapper
 from cglab.compilation.backends import op_name
 from cglab.config import CUDAGraphMode
 from cglab.custom_ops import custom_op_impl, registered_op_names
 from cglab.errors import ConfigError
 from cglab.forward_context import get_forward_context
 from cglab.graphs import CapturedGraph, EagerStep, GraphSegment
-from cglab.model import ToyTransformer
 from cglab.runner import ModelRunner
 
 __all__ = ["Piece", "describe_pieces", "describe_replays", "graph_pieces", "steps_as_pieces", "trace_replay"]
@@ -209,8 +208,8 @@ class _ReplayTracer:
             item = next((i for i in self.compiled.items if i.graph is this), None)
             what = "a splitting op" if item and item.is_splitting_graph else "a piece, run eagerly"
             return None if item is None else f"{item.submod_name}.forward (generated Python of {what})"
-        if code.co_name == "forward" and isinstance(this, ToyTransformer) and code != ToyTransformer.forward.__code__:
-            return "ToyTransformer.forward, as rewritten by dynamo: calls the compiled graph"
+        if code is CompiledModel.__call__.__code__:
+            return "CompiledModel: calls the compiled graph directly (dynamo traced the model once, at start-up)"
         if code.co_name == "forward" and isinstance(this, nn.Module) and id(this) in self.module_names:
             name = self.module_names[id(this)]
             return f"{type(this).__name__}.forward" + (f" ({name})" if name else "")

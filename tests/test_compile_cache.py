@@ -1,0 +1,125 @@
+"""Shared dynamo traces (cglab/compilation/caching.py): an engine identical to an earlier one reuses
+its trace and steps exactly as a freshly traced one; anything the trace depends on keeps two apart."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+import cglab.layers.sconv
+from cglab import CaptureError, CUDAGraphMode, ModelRunner, ToyConfig, set_forward_context
+from cglab.compilation import CglabBackend, CompiledModel, caching
+from cglab.compilation_config import CompilationConfig
+from cglab.graphs import get_backend
+
+CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4)
+SIZES = (1, 2, 4)
+
+
+@pytest.fixture(autouse=True)
+def no_earlier_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no trace saved (other tests in this process may have left some)."""
+    monkeypatch.setattr(caching, "_TRACES", OrderedDict())
+
+
+def _runner(config: ToyConfig = CONFIG, device: str = "cpu", mode: str = "full_and_piecewise") -> ModelRunner:
+    # The eager compile backend on CUDA too: inductor's pieces are compiled inside dynamo, never shared.
+    return ModelRunner(config, CompilationConfig(mode, SIZES, backend="eager"), device=device)
+
+
+def _dynamo_traces() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _decode(runner: ModelRunner) -> list[tuple[str, torch.Tensor]]:
+    """An eager prefill of three requests, then six steps that take every kind of graph."""
+    for i in range(3):
+        runner.add_request(f"r{i}")
+        runner.step({f"r{i}": [1 + i, 2, 3, 4, 5]}, eager=True)
+    schedules = [{"r0": [7]}, {"r0": [8], "r1": [9]}, {"r0": [10], "r1": [11, 12]},
+                 {"r0": [13], "r1": [14], "r2": [15]}, {"r0": [16, 17]}, {"r2": [18]}]
+    return [(str(step.descriptor), step.logits) for step in map(runner.step, schedules)]
+
+
+def test_an_identical_engine_reuses_the_trace_and_steps_as_a_freshly_traced_one(device: str) -> None:
+    before = _dynamo_traces()
+    first = _runner(device=device)
+    assert _dynamo_traces() == before + 1 and not first.forward_model.trace_reused
+    second = _runner(device=device)
+    assert _dynamo_traces() == before + 1 and second.forward_model.trace_reused  # no dynamo run
+    with caching.disabled():
+        fresh = _runner(device=device)
+    assert _dynamo_traces() == before + 2 and not fresh.forward_model.trace_reused
+    # Its own split graph, wrappers and graphs: only the trace is shared.
+    assert second.compiled_backend.split_gm is not first.compiled_backend.split_gm
+    assert not {id(w) for w in second.piecewise_wrappers()} & {id(w) for w in first.piecewise_wrappers()}
+    assert second.forward_model.traced_num_tokens == fresh.forward_model.traced_num_tokens == CONFIG.max_num_tokens
+
+    reused, traced = _decode(second), _decode(fresh)
+    assert [d for d, _ in reused] == [d for d, _ in traced]
+    assert {d.split("(")[0] for d, _ in reused} == {"FULL", "PIECEWISE"}
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(reused, traced))
+    assert second.graph_replays() == fresh.graph_replays() and sum(second.graph_replays().values()) == 6
+    assert first.graph_replays() == dict.fromkeys(first.graph_replays(), 0)  # the first engine stepped nothing
+    for runner in (first, second, fresh):
+        runner.close()
+
+
+@pytest.mark.parametrize("variant", [
+    ToyConfig(layers=CONFIG.layers, max_num_reqs=4, python_guards=True),  # decided in forward, at the trace
+    ToyConfig(layers=CONFIG.layers, max_num_reqs=4, strict_layers=True),
+    ToyConfig(layers=("sconv", "attn"), max_num_reqs=4),
+    ToyConfig(layers=CONFIG.layers, max_num_reqs=4, hidden_size=16),
+    ToyConfig(layers=CONFIG.layers, max_num_reqs=8),  # another max_num_tokens: other buffer shapes
+], ids=["python-guards", "strict", "layers", "hidden-size", "max-num-reqs"])
+def test_what_the_trace_depends_on_keeps_engines_apart(variant: ToyConfig) -> None:
+    _runner().close()
+    other = _runner(variant)
+    again = _runner(variant)
+    assert not other.forward_model.trace_reused and again.forward_model.trace_reused
+    other.close()
+    again.close()
+
+
+def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    _runner().close()
+    forward = cglab.layers.sconv.ShortConv.forward
+    monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", lambda self, hidden: forward(self, hidden) * 2)
+    patched = _runner()
+    assert not patched.forward_model.trace_reused
+    patched.close()
+
+
+def test_the_switch_turns_sharing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(caching.DISABLE_ENV, "1")
+    _runner().close()
+    assert not _runner().forward_model.trace_reused
+
+
+def test_no_call_after_the_first_runs_dynamo() -> None:
+    """Traced or reused, a compiled engine calls its split graph itself after its first call."""
+    for runner in (_runner(), _runner()):
+        runner.forward_model._compiled = lambda *args: pytest.fail("dynamo's compiled function was called")
+        assert len(_decode(runner)) == 6
+        runner.close()
+
+
+class _ReadsAPlainTensor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.full((1,), 2.0)  # neither a parameter nor a buffer
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return (input_ids + positions) * self.scale
+
+
+def test_a_forward_that_reads_other_state_is_refused_by_name() -> None:
+    backend = CglabBackend(get_backend("sim", torch.device("cpu")), [], piecewise=False)
+    model = CompiledModel(_ReadsAPlainTensor(), backend)
+    with pytest.raises(CaptureError, match=r"reads L\['self'\]\.scale, which cglab cannot pass to it: forward "
+                                           r"may read the model's parameters and buffers and its tensor arguments"):
+        with set_forward_context(None, CUDAGraphMode.NONE):
+            model(torch.ones(3), torch.ones(3))
