@@ -3,6 +3,8 @@ its trace and steps exactly as a freshly traced one; anything the trace depends 
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import OrderedDict
 
 import pytest
@@ -123,3 +125,15 @@ def test_a_forward_that_reads_other_state_is_refused_by_name() -> None:
                                            r"may read the model's parameters and buffers and its tensor arguments"):
         with set_forward_context(None, CUDAGraphMode.NONE):
             model(torch.ones(3), torch.ones(3))
+
+
+def test_an_engine_let_go_is_freed_with_its_model() -> None:
+    """Dynamo keeps every backend it was given for the life of the process: what it keeps must not
+    hold the model (its caches; on a GPU, memory that a notebook building dozens of engines would lose)."""
+    for _ in range(2):  # traced, then reused
+        runner = _runner()
+        model = weakref.ref(runner.model)
+        runner.close()
+        del runner
+        gc.collect()
+        assert model() is None

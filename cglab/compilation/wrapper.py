@@ -49,6 +49,20 @@ def _size_oblivious() -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
+class _Recorder:
+    """What dynamo hands its graph to: notes where each placeholder comes from (dynamo drops that once
+    it returns), then runs the backend. Dynamo keeps every backend for the life of the process, so
+    this holds no model: only the backend and the graph (its tensors are fakes)."""
+
+    def __init__(self, backend: CglabBackend, arg_names: list[str]) -> None:
+        self.backend, self.arg_names = backend, arg_names
+        self.traced: tuple[torch.fx.GraphModule, caching.GraphInputs] | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        self.traced = gm, caching.GraphInputs.of(caching.placeholder_sources(gm), self.arg_names)
+        return self.backend(gm, example_inputs)
+
+
 class CompiledModel:
     """Calls the model through ``torch.compile`` with ``backend``; the token dimension is symbolic.
 
@@ -65,8 +79,8 @@ class CompiledModel:
         self.trace_reused = False  # the trace came from an identical model's (no dynamo run)
         self._arg_names = [name for name in inspect.signature(type(model).forward).parameters if name != "self"]
         self._bound: list[Any] | None = None
-        self._traced: tuple[torch.fx.GraphModule, caching.GraphInputs] | None = None  # what _on_trace saw
-        self._compiled = torch.compile(fresh_forward(model), backend=self._on_trace, fullgraph=True, dynamic=False,
+        self._recorder = _Recorder(backend, self._arg_names)
+        self._compiled = torch.compile(fresh_forward(model), backend=self._recorder, fullgraph=True, dynamic=False,
                                        options={"guard_filter_fn": lambda guards: [False for _ in guards]})
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -87,8 +101,8 @@ class CompiledModel:
             self.traced_num_tokens = inputs[0].shape[0]
             return self._trace(inputs)
         finally:  # also when the run after the trace raised (a strict layer): the trace itself is done
-            if self._traced is not None and self._bound is None:
-                trace = caching.Trace(*self._traced, num_tokens=inputs[0].shape[0])
+            if self._recorder.traced is not None and self._bound is None:
+                trace = caching.Trace(*self._recorder.traced, num_tokens=inputs[0].shape[0])
                 caching.save_trace(fingerprint, trace)
                 self._use(trace, start, reused=False)
 
@@ -97,12 +111,6 @@ class CompiledModel:
         self.traced_num_tokens, self.trace_reused = trace.num_tokens, reused
         self.compile_seconds = time.perf_counter() - start
 
-    def _on_trace(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        """What dynamo hands its graph to: note where each placeholder comes from (dynamo drops that
-        once it returns), then the backend."""
-        self._traced = gm, caching.GraphInputs.of(caching.placeholder_sources(gm), self._arg_names)
-        return self.backend(gm, example_inputs)
-
     def _trace(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         for tensor in inputs:
             torch._dynamo.mark_dynamic(tensor, 0)
@@ -110,7 +118,7 @@ class CompiledModel:
             with _size_oblivious():
                 return self._compiled(*inputs)
         except torch._dynamo.exc.TorchDynamoException as exc:
-            if isinstance(getattr(exc, "inner_exception", None), CaptureError):  # raised by _on_trace
+            if isinstance(getattr(exc, "inner_exception", None), CaptureError):  # raised by _Recorder
                 raise exc.inner_exception from None
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise CaptureError(
