@@ -101,6 +101,17 @@ def test_the_switch_turns_sharing_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not _runner().forward_model.trace_reused
 
 
+def test_the_startup_benchmark_traces_every_engine_itself() -> None:
+    """A start-up row times a first start: a reused trace would time a fraction of it."""
+    from cglab.bench.startup import _cold_compiles
+
+    _runner().close()
+    with _cold_compiles():
+        runner = _runner()
+    assert not runner.forward_model.trace_reused
+    runner.close()
+
+
 def test_no_call_after_the_first_runs_dynamo() -> None:
     """Traced or reused, a compiled engine calls its split graph itself after its first call."""
     for runner in (_runner(), _runner()):

@@ -177,13 +177,11 @@ def _start(toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device,
 def _cold_compiles() -> Iterator[None]:
     import torch._inductor.config as inductor_config
 
-    if "force_disable_caches" not in getattr(inductor_config, "_config", {}):
-        with caching.disabled():
-            yield
-        return
-    with caching.disabled(), inductor_config.patch(force_disable_caches=True), warnings.catch_warnings():
-        # Announces only what this context asked for.
-        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+    with caching.disabled(), warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        if "force_disable_caches" in getattr(inductor_config, "_config", {}):  # older torch: no such switch
+            stack.enter_context(inductor_config.patch(force_disable_caches=True))
+            # Announces only what this context asked for.
+            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
         yield
 
 
