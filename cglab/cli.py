@@ -48,14 +48,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def examples(*lines: tuple[str, str]) -> str:
-    """An epilog of example command lines, each with what it shows (a shell comment, so the block pastes)."""
-    return "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in lines)
+def _help_text(description: str, examples: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``description`` filled to the help's width by hand (the formatter keeps text as written, for the
+    examples) and an epilog of example command lines, each with what it shows (a shell comment, so the
+    block pastes)."""
+    return {"description": textwrap.fill(" ".join(description.split()), width=88),
+            "epilog": "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in examples)}
 
 
-def described(text: str) -> str:
-    """A description filled to the help's width by hand (the formatter keeps text as written, for the examples)."""
-    return textwrap.fill(" ".join(text.split()), width=88)
+def add_command(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+                *examples: tuple[str, str]) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``: ``summary`` in the command list, the rest in its --help."""
+    return sub.add_parser(name, help=summary, **_help_text(description, examples))
 
 
 def _items(text: str) -> list[str]:
@@ -89,12 +93,10 @@ REPRO_EXAMPLES = (
 
 
 def _add_repro(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("repro", help="run the toy engine against an eager reference and report divergence",
-                       description=described("Run the toy engine with graphs against an eager reference on "
-                                             "identical weights and requests, and report what diverged. Exit 0 "
-                                             "when the run completed, even if it diverged; with --check, 1 if it "
-                                             "diverged or failed; 2 for bad arguments."),
-                       epilog=examples(*REPRO_EXAMPLES))
+    p = add_command(sub, "repro", "run the toy engine against an eager reference and report divergence",
+                    "Run the toy engine with graphs against an eager reference on identical weights and requests, "
+                    "and report what diverged. Exit 0 when the run completed, even if it diverged; with --check, 1 "
+                    "if it diverged or failed; 2 for bad arguments.", *REPRO_EXAMPLES)
     p.add_argument("--mode", type=str.lower, choices=[m.value for m in CUDAGraphMode], default="piecewise",
                    help="a runtime mode or a policy (case does not matter)")
     p.add_argument("--piecewise-flavor", choices=list(PIECEWISE_FLAVORS),
@@ -208,11 +210,11 @@ def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=described("cglab: CUDA graph capture, the toy engine. A command's "
-                                                      "--help shows its options, their defaults and examples."),
-                     epilog=examples(REPRO_EXAMPLES[0], (f"{PROG} bench --quick --out bench-quick",
-                                                         "replay latency per mode and batch size, seconds on a CPU"),
-                                     (f"{PROG} repro --help", "every repro option")))
+    parser = _Parser(prog=PROG, **_help_text(
+        "cglab: CUDA graph capture, the toy engine. A command's --help shows its options, their defaults and examples.",
+        [REPRO_EXAMPLES[0], (f"{PROG} bench --quick --out bench-quick",
+                             "replay latency per mode and batch size, seconds on a CPU"),
+         (f"{PROG} repro --help", "every repro option")]))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_repro(sub)
     from cglab.bench.cli import add_bench, add_startup  # here: that module takes its helpers from this one
@@ -266,4 +268,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-__all__ = ["PROG", "build_parser", "described", "examples", "int_list", "main", "name_list"]
+__all__ = ["PROG", "add_command", "build_parser", "int_list", "main", "name_list"]

@@ -20,27 +20,20 @@ from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, sav
 from cglab.bench import files as results
 from cglab.cli import main
 from cglab.errors import ConfigError
-from cglab.lab.plots import (
-    SIM_LABEL,
-    plot_kernel_floor,
-    plot_ladder,
-    plot_latency,
-    plot_overview,
-    plot_piecewise_break_cost,
-    plot_speedup,
-)
+from cglab.lab import plots
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = sorted(p for p in DATA.glob("*.csv") if "_startup_" not in p.stem)  # latency runs
 TINY = ["bench", "--quick", "--device", "cpu", "--batch-sizes", "1,2", "--repeats", "5", "--warmup", "1",
         "--modes", "none,piecewise,full"]
-PLOTS = (plot_latency, plot_speedup, plot_kernel_floor, plot_piecewise_break_cost, plot_ladder)
+PLOTS = (plots.plot_latency, plots.plot_speedup, plots.plot_kernel_floor, plots.plot_piecewise_break_cost,
+         plots.plot_ladder)
 
 
 def _plot_all(result: BenchResult) -> list[str]:
     titles = [fn(result).get_title() for fn in PLOTS]
     plt.close("all")
-    plot_overview(result)
+    plots.plot_overview(result)
     plt.close("all")
     return titles
 
@@ -81,7 +74,7 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
     # The roofline as recorded: the weights over the bandwidth (saved rounded to 0.1 GB/s).
     assert env["roofline_us"] == pytest.approx(env["weight_bytes"] / env["memory_bandwidth_gb_s"] / 1e3, rel=0.01)
     assert result.config["quick"] is True and result.config["capture_sizes"] == [1, 2, 4]
-    assert all(SIM_LABEL in title for title in _plot_all(result))
+    assert all(plots.SIM_LABEL in title for title in _plot_all(result))
 
 
 def test_refuses_to_overwrite_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,4 +153,4 @@ def test_recorded_files_parse_and_plot(path: Path) -> None:
     sizes = result.config.get("capture_sizes") or result.config["toy_config"]["capture_sizes"]
     assert sizes == sorted({r["batch_size"] for r in result.rows})
     titles = _plot_all(result)
-    assert all(result.device_name in t and SIM_LABEL not in t for t in titles)
+    assert all(result.device_name in t and plots.SIM_LABEL not in t for t in titles)

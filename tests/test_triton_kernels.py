@@ -142,6 +142,13 @@ def _close(triton: torch.Tensor, aten: torch.Tensor, what: str) -> None:
     torch.testing.assert_close(triton, aten, **TOLERANCE[aten.dtype], msg=lambda m: f"{what}: {m}")
 
 
+def every_case(test: Callable[..., None]) -> Callable[..., None]:
+    """``test`` parametrized over every config, batch and dtype (ids in that order)."""
+    for name, values in (("config", CONFIGS), ("batch", BATCHES), ("dtype", DTYPES)):
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
 def _case(config: str, batch: str, kind: str, seed: int) -> tuple[ToyConfig, Batch, str, Any, torch.Generator]:
     """One parity case: the toy config, the batch, the layer's name and metadata, a seeded generator."""
     toy, step = CONFIGS[config], BATCHES[batch]
@@ -152,9 +159,7 @@ def _randn(gen: torch.Generator, dtype: torch.dtype, *shape: int) -> torch.Tenso
     return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("config", CONFIGS)
+@every_case
 def test_unified_attention_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
     toy, step, name, md, gen = _case(config, batch, "attn", 0)
     q, k, v = _randn(gen, dtype, step.tokens, 3, toy.num_heads, toy.head_dim).unbind(1)  # strided, as the layer
@@ -180,9 +185,7 @@ def test_unified_attention_follows_a_stale_plan() -> None:
     _close(triton[3], aten[3], "output")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("config", CONFIGS)
+@every_case
 def test_short_conv_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
     toy, step, name, md, gen = _case(config, batch, "sconv", 2)
     x = _randn(gen, dtype, step.tokens, toy.hidden_size)
@@ -194,9 +197,7 @@ def test_short_conv_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
     assert torch.equal(triton[2][:-1], aten[2][:-1]), "the conv state differs"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("config", CONFIGS)
+@every_case
 def test_compressor_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
     toy, step, name, md, gen = _case(config, batch, "compressor", 3)
     kv = _randn(gen, dtype, step.tokens, toy.hidden_size)
@@ -211,9 +212,7 @@ def test_compressor_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
     _close(triton[3][:-1], aten[3][:-1], "the compressed cache")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("config", CONFIGS)
+@every_case
 def test_linear_attention_matches_aten(config: str, batch: str, dtype: torch.dtype) -> None:
     toy, step, name, md, gen = _case(config, batch, "linear_attn", 4)
     q, k, v = _randn(gen, dtype, step.tokens, 3, toy.num_heads, toy.head_dim).unbind(1)

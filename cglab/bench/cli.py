@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cglab.bench.config import BenchConfig
 from cglab.bench.modes import MODE_NAMES, POLICIES
-from cglab.cli import PROG, described, examples, int_list, name_list
+from cglab.cli import PROG, add_command, int_list, name_list
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError
 from cglab.kernels import KERNEL_SETS
@@ -41,16 +41,14 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure one decode step's latency per CUDA graph mode and batch size",
-                       description=described("Measure one decode step's latency per row kind (eager, PIECEWISE, "
-                                             "FULL, compiled, torch's reduce-overhead) and batch size; write OUT.csv "
-                                             "and OUT.json (the environment). On the CPU simulator the numbers say "
-                                             "nothing about GPU speed."),
-                       epilog=examples(
-                           (f"{PROG} bench --quick --out bench-quick", "the small model, seconds on a CPU"),
-                           (f"{PROG} bench --quick --modes none,full --batch-sizes 1,8 --out bench-two --force",
-                            "two row kinds at two batch sizes, overwriting an earlier pair"),
-                           (f"{PROG} bench --device cuda --out bench-gpu", "the whole ladder on a GPU (minutes)")))
+    p = add_command(sub, "bench", "measure one decode step's latency per CUDA graph mode and batch size",
+                    "Measure one decode step's latency per row kind (eager, PIECEWISE, FULL, compiled, torch's "
+                    "reduce-overhead) and batch size; write OUT.csv and OUT.json (the environment). On the CPU "
+                    "simulator the numbers say nothing about GPU speed.",
+                    (f"{PROG} bench --quick --out bench-quick", "the small model, seconds on a CPU"),
+                    (f"{PROG} bench --quick --modes none,full --batch-sizes 1,8 --out bench-two --force",
+                     "two row kinds at two batch sizes, overwriting an earlier pair"),
+                    (f"{PROG} bench --device cuda --out bench-gpu", "the whole ladder on a GPU (minutes)"))
     p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     p.add_argument("--quick", action="store_true", help="a small CPU-sized run that ends in seconds")
@@ -99,17 +97,15 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def add_startup(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("startup", help="measure compile time, warmup and capture time and capture memory of an "
-                                       "engine start, fixed path against the legacy one",
-                       description=described("Start one engine per policy, PIECEWISE flavor and capture path (fixed, "
-                                             "legacy) and measure compile time, warmup and capture time and capture "
-                                             "memory; write OUT.csv and OUT.json."),
-                       epilog=examples(
-                           (f"{PROG} startup --quick --out startup-quick", "the small model, seconds on a CPU"),
-                           (f"{PROG} startup --quick --flavors breakable --out startup-breakable --force",
-                            "the breakable flavor only, overwriting an earlier pair"),
-                           (f"{PROG} startup --device cuda --policies full_and_piecewise --out startup-gpu",
-                            "vLLM's default policy on a GPU, both flavors")))
+    p = add_command(sub, "startup", "measure compile time, warmup and capture time and capture memory of an "
+                    "engine start, fixed path against the legacy one",
+                    "Start one engine per policy, PIECEWISE flavor and capture path (fixed, legacy) and measure "
+                    "compile time, warmup and capture time and capture memory; write OUT.csv and OUT.json.",
+                    (f"{PROG} startup --quick --out startup-quick", "the small model, seconds on a CPU"),
+                    (f"{PROG} startup --quick --flavors breakable --out startup-breakable --force",
+                     "the breakable flavor only, overwriting an earlier pair"),
+                    (f"{PROG} startup --device cuda --policies full_and_piecewise --out startup-gpu",
+                     "vLLM's default policy on a GPU, both flavors"))
     p.add_argument("--out", required=True, help="writes OUT.csv and OUT.json")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     p.add_argument("--quick", action="store_true", help="a small CPU-sized run: FULL_AND_PIECEWISE compiled, "
