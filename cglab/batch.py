@@ -69,9 +69,9 @@ class InputBatch:
 
     @classmethod
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
-        """A capture batch: query lengths split evenly (the rest on the last requests), ``seq_lens`` equal
-        to them, token ids and positions zero."""
-        query_lens = dummy_query_lens(num_reqs, num_tokens)
+        """A capture batch: query lengths split evenly (the rest on the last requests, or all of it on the
+        last one as before vLLM #49751), ``seq_lens`` equal to them, token ids and positions zero."""
+        query_lens = dummy_query_lens(num_reqs, num_tokens, input_buffers.pre_49751_dummy_split)
         query_start_loc = [0]
         for q in query_lens:
             query_start_loc.append(query_start_loc[-1] + q)

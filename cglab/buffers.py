@@ -23,9 +23,12 @@ def write_padded(dst: torch.Tensor, values: Sequence[int] | torch.Tensor, fill: 
 
 
 class InputBuffers:
-    """Token ids, positions, query start locations and sequence lengths, allocated once."""
+    """Token ids, positions, query start locations and sequence lengths, allocated once.
+    ``pre_49751_dummy_split``: ``InputBatch.make_dummy`` splits its tokens as before vLLM PR #49751."""
 
-    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device) -> None:
+    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device,
+                 pre_49751_dummy_split: bool = False) -> None:
+        self.pre_49751_dummy_split = pre_49751_dummy_split
         self.max_num_reqs = max_num_reqs
         self.max_num_tokens = max_num_tokens
         self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=device)

@@ -113,9 +113,10 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--python-guards", action="store_true",
                    help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
                         "not in their custom op: torch.compile decides it once, when it traces the profiling run")
-    p.add_argument("--strict-attention", action="store_true",
-                   help="the toy's stand-in for the crash behind the revert of #49364: an attention kernel that "
-                        "refuses the dummy capture batch")
+    p.add_argument("--pre-49751-dummy-split", action="store_true",
+                   help="split the capture batch as before vLLM PR #49751 (the whole remainder to the last request, "
+                        "which may exceed max_model_len): attention reads past its block-table row, the revert of "
+                        "#49364")
     p.add_argument("--capture-sizes", type=int_list,
                    help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those, and given "
                         "sizes are rounded to multiples of K+1)")
@@ -153,7 +154,7 @@ def _run_repro(args: argparse.Namespace) -> int:
 
     common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor or "compiled",
               "splitting_ops": args.splitting_ops, "layers": args.layers, "strict_layers": args.strict_layers,
-              "python_guards": args.python_guards, "strict_attention": args.strict_attention,
+              "python_guards": args.python_guards, "pre_49751_dummy_split": args.pre_49751_dummy_split,
               "capture_sizes": args.capture_sizes, "batch_sizes": args.batch_sizes, "max_num_reqs": args.max_num_reqs,
               "steps": args.steps,
               "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
@@ -178,8 +179,8 @@ def _run_repro(args: argparse.Namespace) -> int:
 _GRAPH_SWITCHES = {"legacy_skip_attn": "--legacy-skip-attn", "piecewise_flavor": "--piecewise-flavor",
                    "splitting_ops": "--splitting-ops", "capture_sizes": "--capture-sizes",
                    "strict_layers": "--strict-layers", "python_guards": "--python-guards",
-                   "strict_attention": "--strict-attention", "uniform_decode_by_shape": "--uniform-decode-by-shape",
-                   "frozen_step_index": "--frozen-step-index"}
+                   "pre_49751_dummy_split": "--pre-49751-dummy-split",
+                   "uniform_decode_by_shape": "--uniform-decode-by-shape", "frozen_step_index": "--frozen-step-index"}
 
 
 def _check_repro_switches(args: argparse.Namespace) -> None:

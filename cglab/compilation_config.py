@@ -36,6 +36,8 @@ class CompilationConfig:
     ``legacy_skip_attn``: capture with the code from before vLLM PR #49364 (the bug).
     ``uniform_decode_by_shape``: classify a batch as uniform decode by its shape alone, as vLLM did
     before PR #51865 (a prompt chunk of one token per request then takes a decode graph).
+    ``pre_49751_dummy_split``: the capture batch's split from before vLLM PR #49751 (the whole remainder
+    of the tokens to the last dummy request, which may then exceed ``max_model_len``): the revert of #49364.
     ``graph_backend``: ``"sim"`` (the CPU simulator), ``"cuda"``, or ``"auto"`` by device.
     ``check_addresses``: before every replay, check that each tensor a graph read at capture was
     written in place (None: on for the simulator, off for real CUDA graphs, where it costs time).
@@ -48,6 +50,7 @@ class CompilationConfig:
     backend: str = "auto"
     legacy_skip_attn: bool = False
     uniform_decode_by_shape: bool = False
+    pre_49751_dummy_split: bool = False
     graph_backend: str = "auto"
     check_addresses: bool | None = None
 
@@ -56,7 +59,7 @@ class CompilationConfig:
         sizes = check_sizes("capture size", self.cudagraph_capture_sizes, example="(1, 2, 4, 8)", allow_empty=True,
                             distinct=True)
         object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(sizes)))
-        for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape"):
+        for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape", "pre_49751_dummy_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.check_addresses, (bool, type(None))):
@@ -83,7 +86,10 @@ class CompilationConfig:
             raise ConfigError(f"capture size {max(sizes)} exceeds max_num_batched_tokens "
                               f"({config.max_num_batched_tokens}); raise max_num_batched_tokens or drop that size")
         # The capture batch is a real batch to the metadata builders: a request longer than
-        # max_model_len would index past its block-table row.
+        # max_model_len would index past its block-table row. The old split is let through: its failure
+        # at capture is the lesson.
+        if self.pre_49751_dummy_split:
+            return
         too_long = [s for s in sizes if dummy_longest_request(s, config.max_num_reqs) > config.max_model_len]
         if too_long:
             s = min(too_long)

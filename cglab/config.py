@@ -214,11 +214,14 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s <= max_size)
 
 
-def dummy_query_lens(num_reqs: int, num_tokens: int) -> list[int]:
-    """The query lengths of a dummy capture batch (``InputBatch.make_dummy``, as model runner v2's): an
-    even split, with the remainder spread one token each over the last ``num_tokens % num_reqs``
-    requests, so no request holds more than ``ceil(num_tokens / num_reqs)`` tokens."""
+def dummy_query_lens(num_reqs: int, num_tokens: int, pre_49751: bool = False) -> list[int]:
+    """The query lengths of a dummy capture batch (``InputBatch.make_dummy``): an even split, with the
+    remainder spread one token each over the last ``num_tokens % num_reqs`` requests, so no request holds
+    more than ``ceil(num_tokens / num_reqs)`` tokens (vLLM PR #49751). ``pre_49751``: the split before
+    that PR, which gave the whole remainder to the last request."""
     base, extra = divmod(num_tokens, num_reqs)
+    if pre_49751:
+        return [base] * (num_reqs - 1) + [base + extra]
     return [base] * (num_reqs - extra) + [base + 1] * extra
 
 
@@ -293,9 +296,6 @@ class ToyConfig:
     # The stateful layers' guard in plain Python in the module's forward (as Inkling and DeepSeek V4 write
     # it), not inside their custom op: under torch.compile dynamo then decides it once, when it traces.
     python_guards: bool = False
-    # The toy's own stand-in for the crash that got #49364 reverted (not a model of FA3): an attention
-    # kernel that refuses ordinary metadata for the dummy capture batch.
-    strict_attention: bool = False
     dtype: str = "float32"
     seed: int = 0
     layer_names: tuple[str, ...] = field(init=False, repr=False)
@@ -312,7 +312,7 @@ class ToyConfig:
                 f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
                 "so that a compressed group never straddles two blocks")
         check_seed(self.seed)
-        for name in ("strict_layers", "strict_attention", "python_guards"):
+        for name in ("strict_layers", "python_guards"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.strict_layers and self.python_guards:

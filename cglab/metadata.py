@@ -156,7 +156,7 @@ class ShortConvMetadataBuilder(_PersistentBuilder):
                                     dtype=torch.long, device=device)
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> ShortConvMetadata:
-        request, position = _real_tokens(common)
+        request, position = _real_tokens(common, self.block_size)
         back = torch.arange(self.kernel_size - 1, 0, -1, device=position.device)  # K-1, ..., 1
         tap_position = torch.where(position[:, None] >= 0, position[:, None] - back, -1)
         tap_slots = self._out("tap_slots", common.num_tokens)
@@ -188,7 +188,7 @@ class CompressorMetadataBuilder(_PersistentBuilder):
         self.visible_slots = torch.full((n, max(self.max_groups, 1)), PAD_SLOT_ID, dtype=torch.long, device=device)
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> CompressorMetadata:
-        request, position = _real_tokens(common)
+        request, position = _real_tokens(common, self.block_size)
         ratio, table = self.ratio, common.block_table_tensor
         # Only a token that is really stored (its slot is not PAD_SLOT_ID) may emit an entry, so dummy
         # capture batches write nothing into any real cache slot.
@@ -258,11 +258,14 @@ class LinearAttentionMetadataBuilder(_PersistentBuilder):
                                        common.num_reqs, common.num_actual_tokens, common.max_query_len)
 
 
-def _real_tokens(common: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """Request and position per token row, with padding rows' positions set to -1 (no slot)."""
+def _real_tokens(common: CommonAttentionMetadata, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request and position per token row, -1 (no slot) for padding rows and for positions past the
+    block-table row: only a capture batch split as before vLLM #49751 has those, and attention, the op
+    that reads the row in vLLM, refuses it (``cglab.layers.attention``)."""
     request, position = token_requests_and_positions(common.query_start_loc, common.seq_lens, common.num_tokens)
     is_real = torch.arange(common.num_tokens, device=position.device) < common.num_actual_tokens
-    return request, torch.where(is_real, position, -1)
+    in_row = position < common.block_table_tensor.shape[1] * block_size
+    return request, torch.where(is_real & in_row, position, -1)
 
 
 class AllocatingShortConvMetadataBuilder(ShortConvMetadataBuilder):

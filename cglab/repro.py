@@ -127,11 +127,12 @@ def repro_capture_sizes(capture_sizes: Sequence[int] | None, num_speculative_tok
 
 def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
                  steps: int, seed: int = 0, strict_layers: bool = False, num_speculative_tokens: int = 0,
-                 max_num_reqs: int | None = None, **overrides: Any) -> ToyConfig:
+                 max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False, **overrides: Any) -> ToyConfig:
     """A config sized for the scenario: the pool holds the largest batch, the caches every prompt and step.
 
     ``max_num_reqs`` (None: the largest batch size) shapes the capture batches: a capture size above it
-    makes a prefill-shaped dummy batch. With K speculative tokens the capture sizes are rounded to
+    makes a prefill-shaped dummy batch; ``pre_49751_dummy_split`` lets its requests exceed ``max_model_len``
+    (capture then fails, as in vLLM). With K speculative tokens the capture sizes are rounded to
     multiples of ``K + 1``, as vLLM does."""
     k = check_num_speculative_tokens(num_speculative_tokens)
     check_sizes("batch size", batch_sizes)
@@ -151,7 +152,8 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
         raise ConfigError(f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
                           f"per layer, above the toy's {MAX_SLOTS}; use fewer steps"
                           f"{', fewer speculative tokens' if k else ''} or a smaller largest batch size")
-    _check_capture_fits(capture_sizes, max_num_reqs, max_model_len, given=max_num_reqs != pool)
+    if not pre_49751_dummy_split:
+        _check_capture_fits(capture_sizes, max_num_reqs, max_model_len, given=max_num_reqs != pool)
     # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
     # capture size (vLLM never captures above its budget).
     budget = max(128, pool + _MAX_PROMPT, pool * (k + 1), *capture_sizes)
@@ -239,14 +241,15 @@ def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], 
 
 def repro_compilation_config(mode: str | CUDAGraphMode, legacy_skip_attn: bool, piecewise_flavor: str,
                              splitting_ops: Sequence[str] | None, uniform_decode_by_shape: bool,
-                             capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0
-                             ) -> CompilationConfig:
+                             capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0,
+                             pre_49751_dummy_split: bool = False) -> CompilationConfig:
     """The graph runner's ``CompilationConfig`` from the switches ``run_repro`` and ``run_spec_repro`` take."""
     flavor = parse_piecewise_flavor(piecewise_flavor)
     return CompilationConfig(CUDAGraphMode.parse(mode), repro_capture_sizes(capture_sizes, num_speculative_tokens),
                              use_breakable_cg=flavor == "breakable",
                              splitting_ops=splitting_ops, legacy_skip_attn=legacy_skip_attn,
-                             uniform_decode_by_shape=uniform_decode_by_shape)
+                             uniform_decode_by_shape=uniform_decode_by_shape,
+                             pre_49751_dummy_split=pre_49751_dummy_split)
 
 
 def new_result(cc: CompilationConfig, config: ToyConfig, steps: int, prefill_chunk: int = 0,
@@ -262,15 +265,16 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
               layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
               capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
               prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
-              max_num_reqs: int | None = None, **config_overrides: Any) -> ReproResult:
+              max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False,
+              **config_overrides: Any) -> ReproResult:
     """Run ``schedule``'s steps on a graph runner and an eager reference; compare every step's logits
     and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``; ``result.cudagraph_mode``
     is the policy after lowering for the builders. Switches that change nothing in ``mode`` are
     accepted, so tables can set every case alike (the CLI refuses them)."""
     cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
-                                  capture_sizes)
+                                  capture_sizes, pre_49751_dummy_split=pre_49751_dummy_split)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
-                          max_num_reqs=max_num_reqs, **config_overrides)
+                          max_num_reqs=max_num_reqs, pre_49751_dummy_split=pre_49751_dummy_split, **config_overrides)
     # Bad input fails here, before any runner is built.
     ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
     _check_prefill_chunk(prefill_chunk, config, batch_sizes)

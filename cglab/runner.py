@@ -115,7 +115,8 @@ class ModelRunner:
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
         # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
         self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
-        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device)
+        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device,
+                                          cc.pre_49751_dummy_split)
         self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
                                         config.max_num_tokens, self.device)
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]

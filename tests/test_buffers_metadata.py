@@ -31,6 +31,8 @@ def test_dummy_batch_splits_evenly_and_pads_slots():
     assert batch.query_start_loc.tolist() == [0, 2, 5, 8]
     assert batch.seq_lens.tolist() == [2, 3, 3]
     assert InputBatch.make_dummy(4, 11, buffers).seq_lens.tolist() == [2, 3, 3, 3]
+    buffers.pre_49751_dummy_split = True  # the split before vLLM #49751: the whole remainder on the last request
+    assert InputBatch.make_dummy(4, 11, buffers).seq_lens.tolist() == [2, 2, 2, 5]
     assert tables.get_dummy_slot_mappings(8).tolist() == [PAD_SLOT_ID] * 8
 
 

@@ -98,7 +98,7 @@ def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFi
 
 GRAPH_SWITCHES = [["--legacy-skip-attn", "--check"], ["--piecewise-flavor", "breakable"],
                   ["--splitting-ops", "cglab::unified_attention"], ["--capture-sizes", "1,2"], ["--strict-layers"],
-                  ["--python-guards"], ["--strict-attention"], ["--uniform-decode-by-shape"],
+                  ["--python-guards"], ["--pre-49751-dummy-split"], ["--uniform-decode-by-shape"],
                   ["--num-speculative-tokens", "2", "--frozen-step-index"]]
 
 

@@ -13,7 +13,7 @@ _spec.loader.exec_module(test_gpu)
 
 def test_every_readme_repro_example_has_an_expected_exit_status() -> None:
     examples = test_gpu.readme_repro_examples((ROOT / "README.md").read_text())
-    assert len(examples) == len(set(examples)) == 13
+    assert len(examples) == len(set(examples)) == 14
     assert set(examples) == set(test_gpu.EXPECTED), "README and tools/test_gpu.py's EXPECTED list differ"
 
 

@@ -141,9 +141,9 @@ def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_verdict_table_passes_options_and_marks_failed_captures():
-    """The revert in one row: strict attention fails compiled capture under the fix, not under legacy."""
+    """The revert in one row: the split before #49751 fails compiled capture under the fix, not under legacy."""
     table = verdict_table(["attn,attn"], [("piecewise", False), ("piecewise", True), ("full", False)], steps=3,
-                          strict_attention=True)
+                          pre_49751_dummy_split=True, max_num_reqs=64, capture_sizes=(8, 127))
     assert _table_cells(table)[2] == ["attn,attn", "FAILED", "ok", "ok"]
     with pytest.raises(ConfigError, match=r"a verdict_table case is \(mode, legacy\)"):
         verdict_table(["attn"], [("piecewise",)], steps=2)

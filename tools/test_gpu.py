@@ -30,7 +30,8 @@ EXPECTED = {
     "--mode piecewise --legacy-skip-attn --json": 1,  # the bug: diverges
     "--mode piecewise --json": 0,  # the fix
     "--legacy-skip-attn --piecewise-flavor breakable": 0,
-    "--strict-attention": 1,  # capture fails
+    "--pre-49751-dummy-split --max-num-reqs 64 --capture-sizes 8,127": 1,  # capture fails: the revert
+    "--max-num-reqs 64 --capture-sizes 8,127": 0,  # #49751's split
     "--legacy-skip-attn --layers sconv,attn --splitting-ops cglab::unified_attention,cglab::short_conv": 0,
     "--mode full_and_piecewise --legacy-skip-attn": 0,  # decodes replay FULL: the bug hidden
     "--mode full_and_piecewise --legacy-skip-attn --prefill-chunk 4 --steps 20": 1,

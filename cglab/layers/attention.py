@@ -22,7 +22,7 @@ _MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over 
 
 @eager_break_during_capture
 def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
-                       kv_cache: torch.Tensor, layer_name: str, strict: bool = False) -> None:
+                       kv_cache: torch.Tensor, layer_name: str, max_model_len: int) -> None:
     """Store keys and values at ``slot_mapping``, then attend over each token's history, into ``output``
     (only a caller's buffer survives between PIECEWISE segments). Live metadata: why attention-only
     models never noticed the bug."""
@@ -31,14 +31,13 @@ def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         output.zero_()
         return
     md: AttentionMetadata = metadata[layer_name]
-    if strict:
-        _refuse_dummy_batch(md, layer_name)
+    block_size = kv_cache.shape[2]
+    _check_rows_hold(md, layer_name, block_size, max_model_len)
     kernel = triton_kernel("unified_attention", query)
     if kernel is not None:  # CUDA: one launch that stops at the live seq_lens (cglab/kernels); the oracle is below
         kernel(query, key, value, output, kv_cache, md)
         return
     num_tokens, num_heads, head_dim = query.shape
-    block_size = kv_cache.shape[2]
     k_cache, v_cache = kv_cache[0].flatten(0, 1), kv_cache[1].flatten(0, 1)  # [slots + 1, heads, dim]
     # Padding rows carry PAD_SLOT_ID (-1), which indexes the spare last row: no branch needed.
     k_cache[md.slot_mapping] = key
@@ -60,19 +59,24 @@ def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     output.copy_(torch.einsum("thk,tkhd->thd", scores.softmax(-1), values))
 
 
-def _refuse_dummy_batch(md: AttentionMetadata, layer_name: str) -> None:
-    """Strict attention: every real token row of ordinary metadata must have a KV slot, which the dummy
-    capture batch lacks. The toy's stand-in for the crash that got PR #49364 reverted, not a model of
-    FA3 (the reland #49995 credits #49751). Reads the host, so it runs only where attention is eager."""
-    if md.for_capture:
+def _check_rows_hold(md: AttentionMetadata, layer_name: str, block_size: int, max_model_len: int) -> None:
+    """A paged kernel reads a request's block-table row up to its ``seq_len``; a request longer than its
+    row reads past it. Only a dummy capture batch split as before vLLM PR #49751 is that long, and only
+    ordinary metadata reads it (capture metadata's key range is ``max_model_len``). FA3 then hit an illegal
+    address and #49364 was reverted. Checked on the host before the launch, from the host-side
+    ``max_seq_len``: free at every step, and no faulting kernel poisons a notebook's CUDA context."""
+    row = md.block_table.shape[1]
+    if md.max_seq_len <= row * block_size:
         return
-    if bool((md.slot_mapping[: md.num_actual_tokens] < 0).any()):
-        raise CaptureError(
-            f"{layer_name}: the strict (FA3-like) attention kernel got ordinary metadata for a batch whose real "
-            "tokens have no KV slot (slot_mapping = PAD_SLOT_ID): the dummy capture batch. On a GPU this kernel "
-            "would write at slot -1 and fault with an illegal memory access. Capture PIECEWISE attention on its "
-            "profiling path, or give it capture-safe metadata (for_capture=True); the toy attention "
-            "(strict_attention=False) copes with the dummy batch")
+    seq_lens = md.seq_lens.tolist()  # only here: an eager break may read the host
+    request = max(range(len(seq_lens)), key=seq_lens.__getitem__)
+    blocks = -(-seq_lens[request] // block_size)
+    raise CaptureError(
+        f"{layer_name}: request {request} of this batch has {seq_lens[request]} tokens, above max_model_len "
+        f"({max_model_len}), so attention would read block_table[{request}][{row}..{blocks - 1}], past the "
+        f"{row} blocks of its row: an illegal address on a GPU. This is the crash that got vLLM PR #49364 "
+        "reverted; #49751 splits the dummy batch so that no request exceeds max_model_len (drop "
+        "pre_49751_dummy_split)")
 
 
 unified_attention = direct_register_custom_op("unified_attention", _unified_attention,
@@ -86,7 +90,7 @@ class Attention(nn.Module):
     def __init__(self, config: ToyConfig, layer_name: str) -> None:
         super().__init__()
         self.layer_name = layer_name
-        self.strict = config.strict_attention
+        self.max_model_len = config.max_model_len
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.norm = nn.RMSNorm(config.hidden_size)
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
@@ -97,7 +101,7 @@ class Attention(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         out = torch.empty_like(q)
-        unified_attention(q, k, v, out, self.kv_cache, self.layer_name, self.strict)
+        unified_attention(q, k, v, out, self.kv_cache, self.layer_name, self.max_model_len)
         return hidden + self.o_proj(out.flatten(1))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

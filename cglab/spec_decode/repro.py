@@ -40,7 +40,8 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
                    draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS, strict_layers: bool = False,
                    capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
                    frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,
-                   device: str = "cpu", max_num_reqs: int | None = None, **config_overrides: Any) -> ReproResult:
+                   device: str = "cpu", max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False,
+                   **config_overrides: Any) -> ReproResult:
     """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
     from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
     ``batch_sizes[i % len(batch_sizes)]`` requests.
@@ -54,9 +55,9 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     if k == 0:
         raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
     cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
-                                  capture_sizes, k)
+                                  capture_sizes, k, pre_49751_dummy_split)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, num_speculative_tokens=k,
-                          max_num_reqs=max_num_reqs, **config_overrides)
+                          max_num_reqs=max_num_reqs, pre_49751_dummy_split=pre_49751_dummy_split, **config_overrides)
     ops = resolve_splitting_ops(cc.splitting_ops, config.layers)  # bad input fails here
     check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
     result = new_result(cc, config, steps, num_speculative_tokens=k)

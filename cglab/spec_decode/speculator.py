@@ -63,7 +63,8 @@ class AutoRegressiveSpeculator:
         device = target.device
         # Draft decode writes all its inputs here; draft prefill only ids and positions (its metadata
         # is the target's).
-        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, device)
+        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, device,
+                                          target.compilation_config.pre_49751_dummy_split)
         # The hidden states the drafter reads: the target's (draft prefill), then its own (draft decode).
         self.hidden_states = torch.zeros(config.max_num_tokens, config.hidden_size,
                                          dtype=getattr(torch, config.dtype), device=device)
