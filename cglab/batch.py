@@ -96,12 +96,24 @@ def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool)
     return max_query_len
 
 
+def uniform_decode_sizes(capture_sizes: Sequence[int], decode_query_len: int, max_num_reqs: int) -> list[int]:
+    """The token counts of the FULL uniform-decode graphs, as vLLM's model runner v2 derives them
+    (``CudaGraphManager._init_candidates``): each capture size rounded up to a multiple of
+    ``decode_query_len`` (``K + 1`` under speculative decoding), kept if it is at most the largest capture
+    size and holds at most ``max_num_reqs`` requests, each once. The other graphs keep the sizes given."""
+    largest = max(capture_sizes, default=0)
+    rounded = {-(-size // decode_query_len) * decode_query_len for size in capture_sizes}
+    return sorted(n for n in rounded if n <= largest and n // decode_query_len <= max_num_reqs)
+
+
 class CudagraphDispatcher:
     """Maps a batch to the graph that serves it (vLLM model runner v2: ``cudagraph_utils.py``).
 
-    The policy decides the graphs (FULL_AND_PIECEWISE: uniform-decode FULL graphs plus PIECEWISE ones).
-    Candidates are precomputed per token count: per mode the smallest size that holds the tokens, FULL
-    first; the first compatible one wins, none runs eagerly."""
+    The policy decides the graphs (FULL_AND_PIECEWISE: uniform-decode FULL graphs, at
+    ``uniform_decode_sizes``, plus PIECEWISE ones at the capture sizes). Candidates are precomputed per
+    token count: per mode the smallest size that holds the tokens, FULL first (so a uniform decode batch
+    pads up to a FULL graph before it takes a smaller PIECEWISE one, as since vLLM PR #53407); the first
+    compatible one wins, none runs eagerly."""
 
     def __init__(self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int,
                  decode_query_len: int = 1) -> None:
@@ -114,12 +126,12 @@ class CudagraphDispatcher:
 
     def _descriptors(self, sizes: list[int]) -> list[BatchExecutionDescriptor]:
         descs = []
-        separate = self.policy in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE)
         q = self.decode_query_len
+        if self.policy in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE):
+            descs += [BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n // q, uniform_token_count=q)
+                      for n in uniform_decode_sizes(sizes, q, self.max_num_reqs)]
+        mixed = self.policy.mixed_mode()
         for size in sizes:
-            if separate and size % q == 0 and size // q <= self.max_num_reqs:
-                descs.append(BatchExecutionDescriptor(CUDAGraphMode.FULL, size, size // q, uniform_token_count=q))
-            mixed = self.policy.mixed_mode()
             if mixed is CUDAGraphMode.FULL:  # FULL pads requests too: the graph baked in their count
                 descs.append(BatchExecutionDescriptor(mixed, size, min(size, self.max_num_reqs)))
             elif mixed is CUDAGraphMode.PIECEWISE:

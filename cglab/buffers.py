@@ -7,6 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
+from cglab.config import check_int
+from cglab.errors import ConfigError
+
 # Padded token rows get this slot: in-graph stateful kernels must not store them anywhere real.
 # Every paged cache in cglab has one spare row at the end, and -1 indexes exactly that row, so a
 # branch-free kernel writes padding there (a real kernel skips `slot < 0` rows instead).
@@ -20,6 +23,24 @@ def write_padded(dst: torch.Tensor, values: Sequence[int] | torch.Tensor, fill: 
     dst[:n].copy_(src)
     dst[n:length].fill_(fill)
     return dst[:length]
+
+
+def prepare_dcp_local_seq_lens(out: torch.Tensor, seq_lens: torch.Tensor, num_reqs: int, dcp_size: int,
+                               dcp_rank: int, cp_interleave: int = 1) -> None:
+    """Write into the persistent buffer ``out`` each request's KV length on one decode context parallel
+    (DCP) rank; rows past ``num_reqs`` get 0 (vLLM: ``prepare_dcp_local_seq_lens``, ``gpu/cp_utils.py``).
+
+    DCP deals a request's tokens to ``dcp_size`` ranks in turn, ``cp_interleave`` at a time: rank ``r``
+    holds ``cp_interleave`` tokens of every full round and its share of the last one. Device arithmetic
+    only, no host read, so a graph can record it. The toy itself runs one rank."""
+    check_int("cp_interleave", cp_interleave)
+    if not 0 <= dcp_rank < check_int("dcp_size", dcp_size):
+        raise ConfigError(f"dcp_rank must be from 0 to dcp_size - 1 ({dcp_size - 1}), got {dcp_rank!r}")
+    per_round = dcp_size * cp_interleave
+    lens = seq_lens[:num_reqs]
+    last = (lens % per_round - dcp_rank * cp_interleave).clamp(0, cp_interleave)
+    out[:num_reqs] = lens // per_round * cp_interleave + last
+    out[num_reqs:] = 0
 
 
 class InputBuffers:

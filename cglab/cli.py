@@ -118,8 +118,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                         "which may exceed max_model_len): attention reads past its block-table row, the revert of "
                         "#49364")
     p.add_argument("--capture-sizes", type=int_list,
-                   help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those, and given "
-                        "sizes are rounded to multiples of K+1)")
+                   help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those); as in "
+                        "vLLM's model runner v2, FULL uniform-decode graphs round them up to multiples of K+1")
     p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
     p.add_argument("--max-num-reqs", type=int, metavar="N",
                    help="the engine's request limit, at least the largest batch size (default: that size); a capture "

@@ -3,14 +3,12 @@ each, checked once (vLLM: ``vllm/config/compilation.py``, ``vllm/config/speculat
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from cglab.config import (
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
-    adjust_capture_sizes_for_spec_decode,
     check_no_empty_item,
     check_num_speculative_tokens,
     check_sizes,
@@ -98,12 +96,6 @@ class CompilationConfig:
                 f"capture size {s} does not fit: its capture batch puts {longest} tokens in one request "
                 f"(max_num_reqs {config.max_num_reqs}), above max_model_len "
                 f"({config.max_model_len}); raise max_model_len or max_num_reqs, or drop that size")
-
-    def adjust_cudagraph_sizes_for_spec_decode(self, num_speculative_tokens: int) -> CompilationConfig:
-        """This config with its capture sizes rounded to multiples of ``K + 1``, as vLLM adjusts them:
-        only such sizes can be uniform graphs of ``K + 1`` tokens per request."""
-        sizes = adjust_capture_sizes_for_spec_decode(self.cudagraph_capture_sizes, num_speculative_tokens)
-        return dataclasses.replace(self, cudagraph_capture_sizes=sizes)
 
     @property
     def piecewise_flavor(self) -> str:

@@ -245,27 +245,6 @@ def check_num_speculative_tokens(value: object) -> int:
     return value
 
 
-def adjust_capture_sizes_for_spec_decode(capture_sizes: tuple[int, ...], num_speculative_tokens: int
-                                         ) -> tuple[int, ...]:
-    """Capture sizes for speculative decoding, as vLLM adjusts them: each size rounded up to a multiple
-    of ``K + 1`` (a verification step has ``K + 1`` tokens per request, so only such sizes can be
-    uniform graphs), sizes above the largest given dropped; ``K + 1`` alone if nothing else is left.
-    """
-    multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
-    if multiple == 1 or not capture_sizes:
-        return tuple(capture_sizes)
-    largest = max(capture_sizes)
-    rounded = sorted({r for r in (-(-s // multiple) * multiple for s in capture_sizes) if r <= largest})
-    if not rounded and multiple <= largest:
-        rounded = [multiple]
-    if not rounded:
-        raise ConfigError(
-            f"no capture size is left after rounding to a multiple of {multiple} (num_speculative_tokens + 1, the "
-            f"tokens of one request's verification step): the largest capture size is {largest}; lower "
-            f"num_speculative_tokens to at most {largest - 1} or add a capture size of at least {multiple}")
-    return tuple(rounded)
-
-
 MAX_SEED = 2**32 - 1
 # One engine's weights, caches and largest step. The benchmark's GPU model (8 layers, hidden 1024,
 # bf16) needs well under 1 GiB by ToyConfig.memory_estimate.

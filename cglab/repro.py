@@ -15,7 +15,6 @@ from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig
 from cglab.config import (
     CUDAGraphMode,
     ToyConfig,
-    adjust_capture_sizes_for_spec_decode,
     check_int,
     check_num_speculative_tokens,
     check_seed,
@@ -115,14 +114,15 @@ def tolerance(dtype: str) -> float:
 
 
 def repro_capture_sizes(capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0) -> tuple[int, ...]:
-    """The capture sizes of a repro: as given (None: 1, 2, 4, 8, times ``K + 1``, a verification step's
-    tokens per request), rounded to multiples of ``K + 1`` as vLLM does."""
+    """The capture sizes of a repro, as given. None: 1, 2, 4, 8, times ``K + 1`` (a verification step's
+    tokens per request), the toy's choice, so that the FULL uniform-decode graphs, rounded up to multiples
+    of ``K + 1`` by the dispatcher as in vLLM's model runner v2, serve the same batches as without drafts."""
     multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
     if capture_sizes is None:
         capture_sizes = tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
     check_sizes("capture size", capture_sizes, MAX_CAPTURE_SIZE,
                 note=" (batches above every capture size run eagerly anyway: drop it)")
-    return adjust_capture_sizes_for_spec_decode(tuple(capture_sizes), multiple - 1)
+    return tuple(capture_sizes)
 
 
 def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
@@ -132,8 +132,7 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
 
     ``max_num_reqs`` (None: the largest batch size) shapes the capture batches: a capture size above it
     makes a prefill-shaped dummy batch; ``pre_49751_dummy_split`` lets its requests exceed ``max_model_len``
-    (capture then fails, as in vLLM). With K speculative tokens the capture sizes are rounded to
-    multiples of ``K + 1``, as vLLM does."""
+    (capture then fails, as in vLLM). ``capture_sizes``: see ``repro_capture_sizes``."""
     k = check_num_speculative_tokens(num_speculative_tokens)
     check_sizes("batch size", batch_sizes)
     capture_sizes = repro_capture_sizes(capture_sizes, k)

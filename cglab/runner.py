@@ -102,11 +102,8 @@ class ModelRunner:
                               "build one with ToyConfig(layers='sconv,attn', ...)")
         if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
             raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
-        cc = CompilationConfig.of(compilation_config)
+        cc = self.compilation_config = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
-        if spec is not None:
-            cc = cc.adjust_cudagraph_sizes_for_spec_decode(spec.num_speculative_tokens)
-        self.compilation_config = cc
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)

@@ -1,8 +1,10 @@
 """Persistent buffers and metadata builders: values right, storage reused."""
 
+import pytest
 import torch
 
-from cglab import PAD_SLOT_ID, BlockTables, InputBatch, InputBuffers, ToyConfig, prepare_attn
+from cglab import PAD_SLOT_ID, BlockTables, ConfigError, InputBatch, InputBuffers, ToyConfig, prepare_attn
+from cglab.buffers import prepare_dcp_local_seq_lens
 from cglab.metadata import AllocatingShortConvMetadataBuilder, build_attn_groups, token_requests_and_positions
 
 
@@ -117,3 +119,30 @@ def test_a_dummy_batch_completes_groups_but_emits_nothing():
     assert comp.compress_slots.tolist() == [PAD_SLOT_ID] * 8
     assert (comp.group_slots == PAD_SLOT_ID).all()
     assert md["layers.0.sconv"].slot_mapping.tolist() == [PAD_SLOT_ID] * 8  # and no conv input is stored
+
+
+# Decode context parallel, counted by hand: with 2 ranks and cp_interleave 1, rank 0 holds tokens 0, 2, 4, ...
+# and rank 1 tokens 1, 3, 5, ...; with cp_interleave 4, rank 0 holds 0-3, 8-11, ... and rank 1 4-7, 12-15, ...
+DCP_SEQ_LENS = [1, 2, 5, 8, 10, 13]
+DCP_TABLE = {  # (cp_interleave, rank) -> local lengths of DCP_SEQ_LENS
+    (1, 0): [1, 1, 3, 4, 5, 7], (1, 1): [0, 1, 2, 4, 5, 6],
+    (4, 0): [1, 2, 4, 4, 6, 8], (4, 1): [0, 0, 1, 4, 4, 5],
+}
+
+
+@pytest.mark.parametrize(("cp_interleave", "rank"), DCP_TABLE)
+def test_dcp_local_seq_lens_match_a_hand_count(cp_interleave, rank):
+    """vLLM's ``prepare_dcp_local_seq_lens``: the rows of the real requests get each rank's share, in the
+    persistent buffer itself, and the rows past ``num_reqs`` get 0."""
+    out = torch.full((8,), 99)
+    storage = out.data_ptr()
+    prepare_dcp_local_seq_lens(out, torch.tensor(DCP_SEQ_LENS + [7, 7]), len(DCP_SEQ_LENS), 2, rank, cp_interleave)
+    assert out.tolist() == DCP_TABLE[cp_interleave, rank] + [0, 0]
+    assert out.data_ptr() == storage
+    # The hand count itself: every token is on exactly one rank.
+    assert [a + b for a, b in zip(DCP_TABLE[cp_interleave, 0], DCP_TABLE[cp_interleave, 1])] == DCP_SEQ_LENS
+
+
+def test_dcp_rank_outside_the_group_is_refused():
+    with pytest.raises(ConfigError, match=r"dcp_rank must be from 0 to dcp_size - 1 \(1\), got 2"):
+        prepare_dcp_local_seq_lens(torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, 2, 2)

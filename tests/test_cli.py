@@ -75,15 +75,28 @@ def test_repro_json_with_speculative_tokens(capsys: pytest.CaptureFixture[str]) 
     assert legacy["state_diverged"] is True  # the drafter's own caches
 
 
+def test_spec_decode_captures_sizes_as_model_runner_v2(capsys: pytest.CaptureFixture[str]) -> None:
+    """PIECEWISE graphs keep the capture sizes; FULL uniform-decode graphs round them up to multiples of K + 1,
+    and any K the help allows runs: no size has to fit K + 1 (issue 37)."""
+    argv = ["repro", "--json", "--mode", "full_and_piecewise", "--layers", "attn,attn", "--steps", "2"]
+    for k, sizes, captured in (("2", "1,2,4,8", {"piecewise": [1, 2, 4, 8], "full": [3, 6]}),
+                               ("16", "9,18,36", {"piecewise": [9, 18, 36], "full": [17, 34]}),
+                               ("16", "1,2,4,8", {"piecewise": [1, 2, 4, 8]})):  # 17 tokens fit no graph: eager
+        assert main([*argv, "--num-speculative-tokens", k, "--capture-sizes", sizes]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["captured_sizes"] == captured and data["acceptance_rate"] == data["reference_acceptance_rate"]
+    assert main(["repro", "--num-speculative-tokens", "16", "--layers", "attn,attn", "--check"]) == 0
+    assert "acceptance rate" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("argv", "fix"), [
     (["--num-speculative-tokens", "-1"], "at least 0"),
-    (["--num-speculative-tokens", "8", "--capture-sizes", "1,2,4,8"], "lower num_speculative_tokens to at most 7"),
     (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
     (["--num-speculative-tokens", "17"], "is above 16"),
     (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
     (["--frozen-step-index"], "add --num-speculative-tokens"),
     (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
-], ids=["negative", "beyond-capture-sizes", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches",
+], ids=["negative", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches",
         "drafter-option-alone", "with-chunked-prefill"])
 def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                          fix: str) -> None:

@@ -52,3 +52,18 @@ def test_shapes_are_classified_as_the_runner_classifies_them():
         table = describe_dispatch(SIZES, MAX_REQS, [BatchShape("x", (1, 1), (False, True), by_shape=by_shape)],
                                   policies=[runner.dispatcher.policy])
         assert _row(table, "x")[4] == real
+
+
+def test_spec_decode_sizes_of_both_model_runners():
+    """v1 rounds every size under a policy that decodes in FULL; v2 keeps PIECEWISE at the sizes given."""
+    from cglab.config import CUDAGraphMode
+    from cglab.lab.draw import describe_spec_decode_sizes
+
+    assert describe_spec_decode_sizes((1, 2, 4, 8), 2, 3).splitlines()[1:] == [
+        "model runner v1: PIECEWISE 3, 6 | FULL 3, 6",
+        "model runner v2: PIECEWISE 1, 2, 4, 8 | FULL 3, 6"]
+    assert describe_spec_decode_sizes((1, 2, 4, 8), 8, 8).splitlines()[1:] == [
+        "model runner v1: start-up error, no size left", "model runner v2: PIECEWISE 1, 2, 4, 8"]
+    assert describe_spec_decode_sizes((1, 2, 4, 8), 7, 8).splitlines()[1] == "model runner v1: PIECEWISE 8 | FULL 8"
+    piecewise = describe_spec_decode_sizes((1, 2, 4, 8), 2, 8, CUDAGraphMode.PIECEWISE).splitlines()[1:]
+    assert piecewise == ["model runner v1: PIECEWISE 1, 2, 4, 8", "model runner v2: PIECEWISE 1, 2, 4, 8"]

@@ -3,6 +3,7 @@
 import pytest
 
 from cglab import BatchExecutionDescriptor, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig
+from cglab.batch import uniform_decode_sizes
 from cglab.compilation_config import CompilationConfig
 from cglab.config import default_capture_sizes
 
@@ -60,6 +61,28 @@ def test_capture_order_piecewise_first_then_full_largest_first():
 
 def test_none_policy_captures_nothing():
     assert CudagraphDispatcher(NONE, [1, 2], 2).capture_descriptors() == []
+
+
+@pytest.mark.parametrize(("sizes", "query_len", "max_num_reqs", "expected"), [
+    ((1, 2, 4, 8), 3, 8, [3, 6]),  # 1 and 2 both round to 3, kept once; 9 is above the largest size
+    ((1, 2, 4, 8, 16, 24), 3, 8, [3, 6, 9, 18, 24]),  # vLLM #53407's example
+    ((1, 2, 4, 8), 3, 1, [3]),  # 6 tokens would take 2 requests
+    ((1, 2, 4, 8), 17, 8, []),  # every size rounds above 8: no FULL decode graph, and no error
+    ((9, 18, 36), 17, 8, [17, 34]),
+    ((1, 2, 4, 8), 1, 4, [1, 2, 4]),  # plain decode: the sizes themselves, up to max_num_reqs
+])
+def test_full_decode_sizes_round_up_to_the_query_length(sizes, query_len, max_num_reqs, expected):
+    assert uniform_decode_sizes(sizes, query_len, max_num_reqs) == expected
+
+
+def test_spec_decode_keeps_piecewise_sizes_and_rounds_full_decode_ones():
+    """vLLM's model runner v2 with K = 2: PIECEWISE at the sizes given, FULL uniform decode at multiples of 3."""
+    d = CudagraphDispatcher(FAP, [1, 2, 4, 8], max_num_reqs=8, decode_query_len=3)
+    order = [(x.cg_mode, x.num_tokens, x.num_reqs) for x in d.capture_descriptors()]
+    assert order == [(PW, 8, None), (PW, 4, None), (PW, 2, None), (PW, 1, None), (FULL, 6, 2), (FULL, 3, 1)]
+    assert d.dispatch(2, 6, 3) == BatchExecutionDescriptor(FULL, 6, 2, uniform_token_count=3)
+    assert d.dispatch(1, 2, None) == BatchExecutionDescriptor(PW, 2, None)  # a batch of 2 tokens pads to 2, not 3
+    assert [x.num_tokens for x in CudagraphDispatcher(PW, [1, 2, 4, 8], 8, 3).capture_descriptors()] == [8, 4, 2, 1]
 
 
 def _runner_with_prompts(policy: str, **kwargs) -> ModelRunner:

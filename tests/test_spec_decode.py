@@ -17,7 +17,7 @@ import torch
 
 from cglab import ConfigError, ModelRunner, ReproResult, ToyConfig
 from cglab.compilation_config import CompilationConfig
-from cglab.config import adjust_capture_sizes_for_spec_decode
+from cglab.config import CUDAGraphMode
 from cglab.lab.plots import plot_tokens_per_step
 from cglab.spec_decode import (
     SpecDecodeRunner,
@@ -195,24 +195,54 @@ def test_greedy_verify_accepts_up_to_the_first_mismatch():
     assert greedy_verify(logits_choosing(5, 1), [[1, 4]], [1]) == ([0], [5])  # first draft rejected
 
 
-def test_capture_sizes_rounded_to_the_verification_step():
-    assert adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 2) == (3, 6)  # 9 is above the largest given
-    assert adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 7) == (8,)
-    assert adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 0) == (1, 2, 4, 8)
-    # Up, never down: a graph rounded down would not hold the verification steps it was sized for.
-    assert adjust_capture_sizes_for_spec_decode((4, 10), 2) == (6,)  # 12 is above 10
-    assert adjust_capture_sizes_for_spec_decode((3, 5, 7, 9), 1) == (4, 6, 8)
-    assert adjust_capture_sizes_for_spec_decode((5,), 1) == (2,)  # 6 is above 5: K + 1 alone is left
-    with pytest.raises(ConfigError, match="lower num_speculative_tokens to at most 7"):
-        adjust_capture_sizes_for_spec_decode((1, 2, 4, 8), 8)
-
-
-def test_a_runner_serving_a_drafter_captures_only_rounded_sizes():
-    """The sizes given are rounded where both configs meet, in the runner, and its graphs follow."""
+def test_target_and_drafter_capture_the_sizes_model_runner_v2_captures():
+    """vLLM's model runner v2 with K = 2 and sizes 1, 2, 4, 8: PIECEWISE graphs keep the sizes; FULL
+    uniform-decode graphs round them up to multiples of 3 (9 is above the largest size, so 3 and 6).
+    Draft decode verifies one token per request: its FULL graphs keep the sizes, up to max_num_reqs."""
     runner = SpecDecodeRunner(ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48),
                               CompilationConfig("full_and_piecewise", (1, 2, 4, 8)), num_speculative_tokens=2)
-    assert runner.target.compilation_config.cudagraph_capture_sizes == (3, 6)
-    assert {d.num_tokens for d in runner.target.dispatcher.capture_descriptors()} == {3, 6}
+    pw, full = CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
+    assert runner.target.cudagraph_manager.captured_sizes == {pw: [1, 2, 4, 8], full: [3, 6]}
+    assert runner.speculator.prefill_manager.captured_sizes == {pw: [1, 2, 4, 8], full: [3, 6]}
+    assert runner.speculator.decode_manager.captured_sizes == {full: [1, 2, 4]}
+
+
+SIZES_1248 = {**SCENARIO, "capture_sizes": (1, 2, 4, 8)}
+
+
+def test_drafter_on_sizes_that_are_no_multiples_of_k_plus_1(device, replays):
+    """Verification batches of 3 and 6 tokens pad to the PIECEWISE graphs of 4 and 8 (9 tokens run
+    eagerly); FULL_AND_PIECEWISE gives them its FULL decode graphs of 3 and 6. The fixed drafter's
+    acceptance equals the eager drafter's; the legacy one loses acceptance, as with the default sizes."""
+    fixed = run_spec_repro("full_and_piecewise", device=device, **SIZES_1248)
+    assert fixed.captured_sizes == {"piecewise": [1, 2, 4, 8], "full": [3, 6]}
+    assert fixed.steps_by_mode == {"full": 4, "none": 2}
+    for result in (fixed, run_spec_repro("piecewise", device=device, **SIZES_1248)):
+        _check_outputs_exact(result)
+        assert result.acceptance_rate == result.reference_acceptance_rate
+    legacy = run_spec_repro("piecewise", legacy_skip_attn=True, device=device, **SIZES_1248)
+    _check_outputs_exact(legacy)
+    assert legacy.steps_by_mode == {"piecewise": 4, "none": 2}
+    assert legacy.lost_acceptance  # 0.50 against 0.83 on the simulator
+    # FULL: 4 target steps and their draft prefills, and the draft decode steps of 1 or 2 requests (draft
+    # decode graphs of 1 and 2: 4 requests would not fit the pool of 3), 4 steps and the 3 prompt steps.
+    # PIECEWISE: two runs of 4 target steps and their draft prefills.
+    assert replays == {"full": 4 + 4 + 4 + PROMPTS, "piecewise": 2 * (4 + 4)}
+
+
+def test_the_most_speculative_tokens_the_toy_allows_run(device):
+    """K = 16 end to end (issue 37): the eager shadow and reference runners capture nothing and round
+    nothing, so any capture sizes do. The fixed drafter's acceptance equals the eager drafter's; the
+    legacy one drops."""
+    scenario = {**SCENARIO, "num_speculative_tokens": 16, "steps": 4}
+    fixed = run_spec_repro("piecewise", device=device, **scenario)
+    assert fixed.captured_sizes == {"piecewise": [17, 34, 68, 136]}  # 17 times 1, 2, 4, 8
+    _check_outputs_exact(fixed)
+    assert fixed.steps_by_mode == {"piecewise": 4}
+    assert fixed.acceptance_rate == fixed.reference_acceptance_rate > 0
+    legacy = run_spec_repro("piecewise", legacy_skip_attn=True, device=device, **scenario)
+    _check_outputs_exact(legacy)
+    assert legacy.lost_acceptance
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -19,7 +19,7 @@ from matplotlib.transforms import offset_copy
 from cglab import __version__
 from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.compilation.backends import auto_compiler
-from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int
+from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int, check_sizes
 from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph, get_backend
 from cglab.lab.anatomy import Piece, steps_as_pieces
@@ -28,7 +28,8 @@ from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
 __all__ = ["MAX_PADDING_TOKENS", "BatchShape", "describe_dispatch", "describe_environment", "describe_requests",
-           "describe_step", "draw_caches", "draw_divergence", "draw_graph_anatomy", "draw_padding"]
+           "describe_spec_decode_sizes", "describe_step", "draw_caches", "draw_divergence", "draw_graph_anatomy",
+           "draw_padding"]
 
 MAX_PADDING_TOKENS = 10_000  # a padding picture's widest batch: wider only takes longer to draw
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
@@ -243,6 +244,29 @@ def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: S
         lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if i == 0:
             lines.append("-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe_spec_decode_sizes(capture_sizes: Sequence[int], num_speculative_tokens: int, max_num_reqs: int,
+                               policy: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE) -> str:
+    """The target's graphs under speculative decoding as vLLM's two model runners choose them, one line each.
+
+    v1 (``adjust_cudagraph_sizes_for_spec_decode``, when the policy decodes in FULL) rounds every capture
+    size up to a multiple of K + 1, drops those above the largest (K + 1 alone if none is left; none fits:
+    a start-up error) and captures every mode at the rest. v2 keeps the sizes for PIECEWISE and rounds only
+    the FULL uniform-decode graphs (``uniform_decode_sizes``), as ``cglab`` does."""
+    sizes = sorted(check_sizes("capture size", capture_sizes, distinct=True))
+    q = check_int("num_speculative_tokens", num_speculative_tokens) + 1
+    v1 = sizes
+    if policy.decode_mode() is CUDAGraphMode.FULL:
+        v1 = sorted({r for r in (-(-s // q) * q for s in sizes) if r <= sizes[-1]})
+        v1 = v1 or ([q] if q <= sizes[-1] else [])
+    lines = [f"capture sizes {tuple(sizes)}, K = {q - 1}, max_num_reqs = {max_num_reqs}, {policy.name}"]
+    for runner, ladder in (("v1", v1), ("v2", sizes)):
+        descs = CudagraphDispatcher(policy, ladder, check_int("max_num_reqs", max_num_reqs), q).capture_descriptors()
+        graphs = [f"{m.name} {', '.join(str(d.num_tokens) for d in reversed(descs) if d.cg_mode is m)}"
+                  for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if any(d.cg_mode is m for d in descs)]
+        lines.append(f"model runner {runner}: {' | '.join(graphs) if ladder else 'start-up error, no size left'}")
     return "\n".join(lines)
 
 

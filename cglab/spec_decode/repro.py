@@ -46,8 +46,8 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
     ``batch_sizes[i % len(batch_sizes)]`` requests.
 
-    ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8; given sizes are rounded to multiples of
-    ``K + 1``. ``draft_layers``: the drafter's decoder layers after its fusion conv.
+    ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8 (``repro_capture_sizes``).
+    ``draft_layers``: the drafter's decoder layers after its fusion conv.
     ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
     as ``run_repro``.
     """

@@ -40,8 +40,9 @@ class SpecStepOutput:
 class SpecDecodeRunner:
     """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification.
 
-    The target ``ModelRunner`` gets ``compilation_config`` (its capture sizes rounded to multiples of
-    ``K + 1``, as vLLM does), and the drafter captures with the same settings.
+    The target ``ModelRunner`` gets ``compilation_config``, and the drafter captures with the same settings.
+    As in vLLM's model runner v2, PIECEWISE graphs keep the capture sizes and FULL uniform-decode graphs
+    round them up to multiples of ``K + 1`` (``uniform_decode_sizes``).
     ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
     """
 
