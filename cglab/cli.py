@@ -111,8 +111,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                         f"at most {MAX_LAYERS} layers")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
     p.add_argument("--python-guards", action="store_true",
-                   help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
-                        "not in their custom op: torch.compile decides it once, when it traces the profiling run")
+                   help="the stateful layers' None guard in plain Python in forward (Inkling's style), not in "
+                        "their custom op: torch.compile decides it once, when it traces the profiling run")
     p.add_argument("--strict-attention", action="store_true",
                    help="the toy's stand-in for the crash behind the revert of #49364: an attention kernel that "
                         "refuses the dummy capture batch")
