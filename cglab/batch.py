@@ -88,8 +88,11 @@ class InputBatch:
 
 def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool) -> int | None:
     """The tokens every request has in a uniform decode batch, else None (vLLM's function of this name):
-    equal query lengths and no request still prefilling (since vLLM PR #51865; before it the shape
-    alone decided, so a prompt chunk shaped like decode took a decode graph)."""
+    equal query lengths and no request still prefilling, vLLM's rule as of PR #51865 (August 2026).
+    Before it the shape alone decided, so a prompt chunk shaped like decode took a decode graph. Newer
+    vLLM code passes ``decode_graph_eligible`` instead of ``has_prefill``
+    (``vllm/v1/worker/gpu/input_batch.py``): a prompt row with one new token over cached context,
+    which computes exactly like a decode, no longer disqualifies the batch. The toy keeps #51865's rule."""
     max_query_len = max(query_lens)
     if has_prefill or sum(query_lens) != max_query_len * len(query_lens):
         return None

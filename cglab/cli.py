@@ -111,8 +111,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                         f"at most {MAX_LAYERS} layers")
     p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
     p.add_argument("--python-guards", action="store_true",
-                   help="the stateful layers' None guard in plain Python in forward (as Inkling and DeepSeek V4), "
-                        "not in their custom op: torch.compile decides it once, when it traces the profiling run")
+                   help="the stateful layers' None guard in plain Python in forward (Inkling's style), not in "
+                        "their custom op: torch.compile decides it once, when it traces the profiling run")
     p.add_argument("--pre-49751-dummy-split", action="store_true",
                    help="split the capture batch as before vLLM PR #49751 (the whole remainder to the last request, "
                         "which may exceed max_model_len): attention reads past its block-table row, the revert of "

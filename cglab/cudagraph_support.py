@@ -12,7 +12,7 @@ class AttentionCGSupport(enum.IntEnum):
     """Which batches a builder can build capture metadata for; ordered, lowest first."""
 
     NEVER = 0  # none: no FULL graph can hold this layer
-    UNIFORM_SINGLE_TOKEN_DECODE = 1  # decode-only batches, one token per request (Mamba-like layers)
+    UNIFORM_SINGLE_TOKEN_DECODE = 1  # decode-only batches, one token per request (vLLM: linear attention)
     UNIFORM_BATCH = 2  # batches whose requests all have the same number of tokens
     ALWAYS = 3  # any batch, prefill and mixed ones included
 

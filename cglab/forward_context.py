@@ -55,9 +55,9 @@ def set_forward_context(attn_metadata: dict[str, Any] | None, cg_mode: CUDAGraph
 
 @torch.compiler.assume_constant_result
 def forward_context_has_metadata() -> bool:
-    """Whether this step has metadata: the plain-Python guard (``python_guards=True``, as Inkling and
-    DeepSeek V4). Dynamo decides it once, at trace time, as it reads vLLM's module global; a ContextVar
-    it cannot read, hence ``assume_constant_result``."""
+    """Whether this step has metadata: the plain-Python guard (``python_guards=True``, Inkling's style).
+    Dynamo decides it once, at trace time, as it reads vLLM's module global; a ContextVar it cannot read,
+    hence ``assume_constant_result``."""
     return get_forward_context().attn_metadata is not None
 
 

@@ -231,8 +231,10 @@ class LinearAttentionMetadata:
 
 
 class LinearAttentionMetadataBuilder(_PersistentBuilder):
-    """One recurrent state per request, at its first block. Capture metadata for decode-only batches
-    (like vLLM's Mamba builders): the kernel loops ``max_query_len`` times, which a FULL graph freezes."""
+    """One recurrent state per request, at its first block. Capture metadata for decode-only batches, as
+    vLLM's ``LinearAttentionMetadataBuilder`` (its Mamba, GDN and ShortConv builders are ``UNIFORM_BATCH``,
+    decode-only by an assert in ``build_for_cudagraph_capture``): the kernel loops ``max_query_len``
+    times, which a FULL graph freezes."""
 
     cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 

@@ -1,5 +1,5 @@
-"""The other freeze: a guard in plain Python in a layer's ``forward`` (``python_guards``, as Inkling and
-DeepSeek V4 write it) is decided by dynamo when it traces, on the profiling run, which has no metadata."""
+"""The other freeze: a guard in plain Python in a layer's ``forward`` (``python_guards``, as Inkling writes
+it) is decided by dynamo when it traces, on the profiling run, which has no metadata."""
 
 import pytest
 import torch
@@ -54,7 +54,7 @@ def test_eager_steps_of_the_compiled_model_are_frozen_too(device):
 @pytest.mark.parametrize("mode", ["piecewise", "full_and_piecewise"])
 def test_breakable_graphs_ask_the_python_guard_at_capture(device, mode, legacy, replays):
     """No dynamo: the guard runs at capture, where metadata is present (before the fix too), and every
-    layer records its kernels. This is why Inkling and DeepSeek V4 turn breakable graphs on."""
+    layer records its kernels: Inkling's case, which vLLM runs on breakable graphs (vLLM PR #48822)."""
     result = run_repro(mode, piecewise_flavor="breakable", legacy_skip_attn=legacy, python_guards=True,
                        prefill_chunk=4, steps=12, device=device)
     assert result.error is None

@@ -53,7 +53,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     p.add_argument("--quick", action="store_true", help="a small CPU-sized run that ends in seconds")
     p.add_argument("--kernels", choices=KERNEL_SETS,
-                   help="the custom ops' kernels: triton (one fused kernel per op, CUDA only) or aten (their "
+                   help="the custom ops' kernels: triton (the toy's Triton kernels, CUDA only) or aten (their "
                         "readable bodies); default triton on CUDA when triton imports, else aten")
     p.add_argument("--modes", type=name_list(MODE_NAMES),
                    help=f"row kinds from {', '.join(MODE_NAMES)}; default: every one the device can run "

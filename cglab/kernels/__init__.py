@@ -1,10 +1,14 @@
-"""Which kernels cglab's custom ops run: their aten bodies, or one Triton kernel per op (this package).
+"""Which kernels cglab's custom ops run: their aten bodies, or the toy's Triton kernels (this package).
 
-vLLM writes its attention-like ops as single fused kernels that read ``seq_lens`` on the device; the
-aten bodies stay as the readable version, the CPU path, what the graph simulator records, and the
-oracle the Triton kernels are tested against. The choice is made here and nowhere else: each op asks
-``triton_kernel(op, tensor)`` after its guards. Triton is imported only when a kernel is asked for,
-so the CPU path never needs it.
+vLLM's kernels for these ops read ``seq_lens`` on the device, split in their own ways: Triton
+``unified_attention`` attends only, and the KV-cache write is its own op (``unified_kv_cache_update``);
+DeepSeek V4's compressor is two kernels (``save_partial_states``, ``compress_norm_rope_store``);
+Mamba and linear attention have separate prefill and decode kernels (``causal_conv1d_update`` for
+decode); Inkling's ``fused_sconv`` is one launch. The toy's choice: one launch per op (two for the
+compressor), prefill and decode alike. The aten bodies stay as the readable version, the CPU path,
+what the graph simulator records, and the oracle the Triton kernels are tested against. Which set
+runs is decided here and nowhere else: each op asks ``triton_kernel(op, tensor)`` after its guards.
+Triton is imported only when a kernel is asked for, so the CPU path never needs it.
 """
 
 from __future__ import annotations

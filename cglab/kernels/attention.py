@@ -1,6 +1,8 @@
-"""``cglab::unified_attention`` as one Triton launch (vLLM: ``unified_attention`` in its Triton backend):
-store this batch's keys and values, then attend over the block table up to each request's live
-``seq_len``, read on the device, so a FULL graph reads only live keys at every replay.
+"""``cglab::unified_attention`` as one Triton launch: store this batch's keys and values, then attend
+over the block table up to each request's live ``seq_len``, read on the device, so a FULL graph reads
+only live keys at every replay. vLLM's Triton ``unified_attention`` attends only (reading
+``seqused_k``); its KV write is a separate op, ``unified_kv_cache_update``. Storing in the same launch
+is the toy's choice, as its aten body does.
 
 Same result as the aten body in ``cglab/layers/attention.py``, padding rows included (they attend over
 the last request's keys, as there), except that a ``slot_mapping == -1`` row stores nothing: the aten

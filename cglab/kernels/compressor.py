@@ -1,7 +1,9 @@
-"""``cglab::compressor`` in Triton (vLLM: DeepSeek V4's compressor kernels): one launch saves each token's
-state and folds every completed group into its compressed entry, a second pools the entries each token
-may see. Two launches, because a token may see an entry another row of the same batch completes, and
-only a launch boundary orders one program's write before another's read.
+"""``cglab::compressor`` in Triton, the toy's split: one launch saves each token's state and folds every
+completed group into its compressed entry, a second pools the entries each token may see. Two launches,
+because a token may see an entry another row of the same batch completes, and only a launch boundary
+orders one program's write before another's read. vLLM's DeepSeek V4 compressor is two kernels split
+differently: ``save_partial_states``, then ``compress_norm_rope_store`` (compress, normalise, RoPE,
+store); reading the entries is its sparse attention's job.
 
 Same result as the aten body in ``cglab/layers/compressor.py``, except that ``-1`` slots (padding rows,
 tokens that complete no group) store nothing: the aten body writes them into the spare last rows.

@@ -1,5 +1,6 @@
-"""``cglab::linear_attention`` as one Triton launch (vLLM: its linear-attention and Mamba kernels): each
-program carries one request's state tile through its new tokens and saves it.
+"""``cglab::linear_attention`` as one Triton launch, prefill and decode alike (the toy's choice: vLLM's
+linear-attention and Mamba ops run separate prefill and decode kernels): each program carries one
+request's state tile through its new tokens and saves it.
 
 Same result as the aten body in ``cglab/layers/linear_attn.py``: at most ``max_query_len`` tokens per
 request (a host int a FULL graph freezes), ``slot_mapping == -1`` tokens read the state but do not update

@@ -1,5 +1,5 @@
-"""``cglab::short_conv`` as one Triton launch (vLLM: Inkling's ``fused_sconv``): store each token's input
-at its slot and convolve it with the ``kernel_size - 1`` inputs before it, in one kernel.
+"""``cglab::short_conv`` as one Triton launch, as vLLM's Inkling ``fused_sconv`` is: store each token's
+input at its slot and convolve it with the ``kernel_size - 1`` inputs before it, in one kernel.
 
 Same result as the aten body in ``cglab/layers/sconv.py``, except that a ``slot_mapping == -1`` row stores
 nothing (the aten body writes it into the spare last row, which nothing reads).

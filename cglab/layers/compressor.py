@@ -1,7 +1,11 @@
-"""DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``), inside the graph
-pieces: every token saves a partial state at its slot, the one completing a group of ``ratio`` folds
-it into a compressed entry, and the layer reads its sequence's entries. The ``None`` guard sits in the
-custom op ``cglab::compressor`` (the toy's construction; ``python_guard=True``: in ``forward``, as DSV4)."""
+"""DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``): every token saves
+a partial state at its slot, the one completing a group of ``ratio`` folds it into a compressed entry.
+The toy's layer also reads its sequence's entries (in vLLM, the sparse attention's job).
+
+vLLM runs its compressor inside the splitting op ``vllm::deepseek_v4_attention``, eagerly at every
+step with live metadata. The toy's construction puts it inside a graph piece: the custom op
+``cglab::compressor``, ``None`` guard inside, not a splitting op. ``python_guard=True`` moves the guard
+into ``forward``, Inkling's style."""
 
 from __future__ import annotations
 
