@@ -29,7 +29,7 @@ def test_every_row_kind_runs_and_is_counted_by_the_profiler(kernels: str) -> Non
     # Compiled PIECEWISE launches its pieces and attention's kernels, as breakable PIECEWISE does.
     assert at_1["compiled_piecewise"]["launches"] < at_1["none"]["launches"]
     # The peer replays torch's graph (plus its copies of the inputs into the graph's own buffers).
-    # (Eager launches an aten kernel per op; with one Triton kernel per custom op it launches far fewer.)
+    # (Eager launches an aten kernel per op; with the toy's Triton kernels it launches far fewer.)
     assert at_1["reduce_overhead"]["launches"] < at_1["none"]["launches"] / (10 if kernels == "aten" else 3)
     assert result.environment["reduce_overhead_cudagraph_skips"] == 0
     assert result.environment["roofline_us"] > 0 and result.environment["memory_bandwidth_gb_s"] > 100

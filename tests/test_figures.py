@@ -131,7 +131,7 @@ def test_the_kernel_sets_share_one_scale_and_name_their_kernels() -> None:
     left, right = fig.axes
     assert left.get_ylim() == right.get_ylim()
     assert left.get_title().startswith("the ops' aten bodies, batch 1 (2026-12-01)")
-    assert right.get_title().startswith("one Triton kernel per op, batch 1 (2026-12-02)")
+    assert right.get_title().startswith("the toy's Triton kernels, batch 1 (2026-12-02)")
     for ax in fig.axes:  # every bar's label inside its axes, under the legend
         inside, legend = ax.get_window_extent(), ax.get_legend().get_window_extent()
         labels = [t.get_window_extent() for t in ax.texts]

@@ -21,7 +21,7 @@ SIM_FLOOR_NOTE = ("* op time: the summed CPU time of the aten ops, measured unde
                   "every op. The simulator has no GPU kernels, so this is no kernel floor and may exceed the median.")
 
 
-KERNEL_SET_LABELS = {"aten": "the ops' aten bodies", "triton": "one Triton kernel per op"}
+KERNEL_SET_LABELS = {"aten": "the ops' aten bodies", "triton": "the toy's Triton kernels"}
 
 
 def kernel_set(result: BenchResult) -> str:
