@@ -22,7 +22,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The checks run with the variable unset, as on a CI runner that has never heard of it.
 unexport OMP_NUM_THREADS
 
-.PHONY: setup lab lint test test-e2e test-gpu notebooks html picture clean FORCE
+.PHONY: setup lab lint test test-e2e test-gpu notebooks html picture kit clean FORCE
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -119,6 +119,11 @@ html: $(STAMP)
 # README's picture (docs/divergence.png), drawn by the suite's own plotting code from a real CPU run.
 picture: $(STAMP)
 	MPLBACKEND=Agg $(PY) tools/readme_picture.py --out docs/divergence.png
+
+# The facilitator's kit in build/kit/: slides (the suite's own figures, drawn from fresh CPU runs and the
+# recorded H200 data, in one self-contained file), the handout for one A4 page, the model answers. Offline.
+kit: $(STAMP)
+	MPLBACKEND=Agg $(PY) tools/build_kit.py --out build/kit
 
 clean:
 	rm -rf $(VENV) .cache

@@ -1,4 +1,4 @@
-"""Prose for second-language readers (issue 35): the express path's sentences stay short, and the
+"""Prose for second-language readers (issue 35): the express path's and the kit's sentences stay short; the
 "Read the code" boxes of 00b and 04 point at files and functions that exist."""
 
 from __future__ import annotations
@@ -9,30 +9,18 @@ import re
 from pathlib import Path
 
 import pytest
+from prose import sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SENTENCE_WORDS = 30
 SHORT_PROSE = ["00b_express.ipynb"]
+SHORT_DOCS = ["docs/facilitator/answers.md", "docs/facilitator/handout.md", "docs/LAPTOPS.md"]
 READ_THE_CODE = ["00b_express.ipynb", "04_missing_metadata_bug.ipynb"]
 
 
 def _markdown_cells(name: str) -> list[str]:
     cells = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"]
     return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown"]
-
-
-def sentences(markdown: str) -> list[str]:
-    """The sentences of ``markdown``: headings, list items and table rows end one; inside a block, a
-    sentence ends at ``.``, ``!`` or ``?`` before a space (a closing bracket or emphasis may follow).
-    A link counts as its text; colons and semicolons end nothing."""
-    text = re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
-    blocks = re.split(r"\n\s*\n|\n(?=\s*(?:[-*]|\d+\.|#+|\|)\s)", text)
-    found = []
-    for block in blocks:
-        block = re.sub(r"^\s*(?:[-*]|\d+\.|#+)\s+", "", " ".join(block.split()))
-        found += [s.strip() for s in re.findall(r".+?(?:[.!?][)*\"'_]*(?=\s|$)|$)", block) if s.strip()]
-    return found
 
 
 def test_sentences_end_at_stops_and_blocks_not_at_colons_or_dots_in_code() -> None:
@@ -42,10 +30,10 @@ def test_sentences_end_at_stops_and_blocks_not_at_colons_or_dots_in_code() -> No
                                "a second item.", "With two sentences.)", "Last"]
 
 
-@pytest.mark.parametrize("name", SHORT_PROSE)
+@pytest.mark.parametrize("name", SHORT_PROSE + SHORT_DOCS)
 def test_no_sentence_over_30_words(name: str) -> None:
-    long = [(len(s.split()), s) for cell in _markdown_cells(name) for s in sentences(cell)
-            if len(s.split()) > MAX_SENTENCE_WORDS]
+    texts = _markdown_cells(name) if name.endswith(".ipynb") else [(ROOT / name).read_text(encoding="utf-8")]
+    long = [(len(s.split()), s) for text in texts for s in sentences(text) if len(s.split()) > MAX_SENTENCE_WORDS]
     assert not long, f"{name}: sentences over {MAX_SENTENCE_WORDS} words (split them): {long}"
 
 
