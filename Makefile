@@ -22,7 +22,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The checks run with the variable unset, as on a CI runner that has never heard of it.
 unexport OMP_NUM_THREADS
 
-.PHONY: setup lab lint test test-e2e test-gpu notebooks html picture clean
+.PHONY: setup lab lint test test-e2e test-gpu notebooks html picture kit clean FORCE
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -36,8 +36,20 @@ TORCH_INDEX_URL ?=
 # to compile every file installed. uv reads no pip configuration: where only pip reaches the packages (a
 # private index), pip installs them after uv fails.
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# Set-up needs Python 3.10 or newer (pyproject.toml's requires-python). PYTHON is checked only when
+# the venv is to be made, before anything is built: an older one (macOS's command-line tools install
+# 3.9 as python3) stops with one line instead of pip's "ResolutionImpossible" for torch minutes later.
+# A venv whose Python no longer runs (its base Python was removed), is too old or has no pip is made
+# again, not reused, even with its stamp (an up-to-date stamp costs one Python start, 30 ms).
+VENV_WORKS := $(PY) -c 'import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or not u.find_spec("pip"))' \
+  2>/dev/null
+PYTHON_VERSION = $(shell $(PYTHON) -c 'import sys; v = sys.version_info; sys.stdout.write("%d.%d.%d %s" % (v[0], v[1], v[2], v >= (3, 10)))' 2>/dev/null)
+PYTHON_CHECK = $(if $(filter True,$(word 2,$(PYTHON_VERSION))),,$(error PYTHON=$(PYTHON) is \
+  $(or $(word 1,$(PYTHON_VERSION)),not a Python that runs); cglab needs Python 3.10 or newer: install one \
+  (python.org; macOS: brew install python@3.12; anywhere: uv python install 3.12), then add PYTHON=python3.12 \
+  to the make command (docs/LAPTOPS.md)))
+$(STAMP): pyproject.toml $(if $(shell test -f $(STAMP) && $(VENV_WORKS) && echo yes),,FORCE)
+	$(if $(shell $(VENV_WORKS) && echo yes),,$(PYTHON_CHECK)rm -rf $(VENV) && $(PYTHON) -m venv $(VENV))
 	$(PIP_INSTALL) torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP_INSTALL) --quiet uv==0.13.9
 	$(PY) -m uv pip install --python $(PY) -e ".[dev]" || $(PIP_INSTALL) -e ".[dev]"
@@ -48,7 +60,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Containers often run as root, where Jupyter refuses to start without --allow-root.
-# The venv goes first on PATH, so `python -m cglab ...` in a JupyterLab terminal is the venv's Python.
+# VIRTUAL_ENV names the venv, so `$VIRTUAL_ENV/bin/python -m cglab ...` works in a JupyterLab terminal
+# even where the shell's start-up files (pyenv, conda, Homebrew) put another Python first on PATH.
 # No news or update toast over the first notebook: tools/jupyterlab_overrides.json sets the defaults of
 # JupyterLab's notification settings (it asks about news while fetchNews is "none", its default), and
 # the same two server options as the browser tests' server (tests/lab_server.py) stop the fetches.
@@ -107,5 +120,12 @@ html: $(STAMP)
 picture: $(STAMP)
 	MPLBACKEND=Agg $(PY) tools/readme_picture.py --out docs/divergence.png
 
+# The facilitator's kit in build/kit/: slides (the suite's own figures, drawn from fresh CPU runs and the
+# recorded H200 data, in one self-contained file), the handout for one A4 page, the model answers. Offline.
+kit: $(STAMP)
+	MPLBACKEND=Agg $(PY) tools/build_kit.py --out build/kit
+
 clean:
 	rm -rf $(VENV) .cache
+
+FORCE:
