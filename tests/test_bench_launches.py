@@ -40,7 +40,7 @@ def test_attention_runs_this_many_kernels_eagerly() -> None:
     q, k, v = (torch.randn(2, CONFIG.num_heads, CONFIG.head_dim) for _ in range(3))
     out, kv_cache = torch.empty_like(q), layer.kv_cache.clone()
     with torch.inference_mode(), set_forward_context(prepared.attn_metadata), OpCounter() as counter:
-        unified_attention(q, k, v, out, kv_cache, layer.layer_name)
+        unified_attention(q, k, v, out, kv_cache, layer.layer_name, layer.max_model_len)
     assert counter.count == ATTENTION_KERNELS
 
 
