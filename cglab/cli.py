@@ -8,13 +8,13 @@ engine when they run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from cglab import _interrupt
+from cglab.compare import dumps
 from cglab.config import (
     DEVICES,
     LAYER_KINDS,
@@ -169,7 +169,7 @@ def _run_repro(args: argparse.Namespace) -> int:
     failed = result.diverged or result.lost_acceptance or result.error or no_graphs
     status = 1 if args.check and failed else 0
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(dumps(result.to_json()))
     else:
         print_repro(result, python_guards=args.python_guards, frozen_step_index=args.frozen_step_index)
     return status

@@ -5,12 +5,14 @@ This is what ``python -m cglab repro`` runs, what notebook 04 plots and what the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
+from cglab.compare import NON_FINITE, exceeds, json_safe, worst
 from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig
 from cglab.config import (
     CUDAGraphMode,
@@ -47,7 +49,7 @@ class ReproResult:
     steps: int
     prefill_chunk: int  # 0: prompts prefilled eagerly first; N: through the engine, N prompt tokens a step
     steps_by_mode: dict[str, int]  # how the steps ran: {"full": 10, "piecewise": 5, "none": 1}
-    max_abs_diff: float | None  # replay vs eager logits, over all steps
+    max_abs_diff: float | None  # replay vs eager logits, over all steps; NaN or inf: the runner produced them
     state_diverged: bool | None  # any cache/state tensor differs from the reference after the last step
     error: str | None
     # The policy actually used, after lowering it for builders that support less (as vLLM does at
@@ -79,7 +81,7 @@ class ReproResult:
         if self.num_speculative_tokens:
             keys += ("acceptance_rate", "reference_acceptance_rate")
         data = asdict(self)
-        return {k: data[k] for k in keys}
+        return {k: json_safe(data[k]) for k in keys}  # a NaN difference as "nan": valid JSON
 
     @property
     def replayed_graphs(self) -> bool:
@@ -90,7 +92,13 @@ class ReproResult:
     def diverged(self) -> bool:
         """Replay and eager disagree in some step's logits, a final cache or the generated tokens."""
         return (bool(self.state_diverged) or self.outputs_identical is False
-                or (self.max_abs_diff is not None and self.max_abs_diff > self.tolerance))
+                or (self.max_abs_diff is not None and exceeds(self.max_abs_diff, self.tolerance)))
+
+    @property
+    def non_finite(self) -> bool:
+        """Whether the logits or a cache compared as NaN or inf: a divergence with a reason of its own."""
+        diffs = [*self.state_diffs.values(), *([] if self.max_abs_diff is None else [self.max_abs_diff])]
+        return not all(map(math.isfinite, diffs))
 
     @property
     def max_abs_diff_text(self) -> str:
@@ -326,9 +334,9 @@ def failed_capture(result: ReproResult, error: CaptureError, eager: ModelRunner,
 
 def compare_final_state(result: ReproResult, runner: HasState, reference: HasState) -> None:
     """Fill in ``result``'s verdict: the largest logit difference and which caches differ from eager."""
-    result.max_abs_diff = max(result.step_diffs) if result.step_diffs else None
+    result.max_abs_diff = worst(result.step_diffs)
     result.state_diffs = state_differences(runner, reference)
-    result.state_diverged = any(d > result.tolerance for d in result.state_diffs.values())
+    result.state_diverged = any(exceeds(d, result.tolerance) for d in result.state_diffs.values())
 
 
 def divergence_verdict(result: ReproResult, cache_groups: dict[str, list[str]] | None = None, *,
@@ -339,10 +347,10 @@ def divergence_verdict(result: ReproResult, cache_groups: dict[str, list[str]] |
     groups = cache_groups if cache_groups is not None else {"caches": list(result.state_diffs)}
     parts: dict[str, list[str] | None] = {}  # part -> its diverged caches, None where it matches
     if not caches_only:
-        logits = result.max_abs_diff is not None and result.max_abs_diff > result.tolerance
+        logits = result.max_abs_diff is not None and exceeds(result.max_abs_diff, result.tolerance)
         parts["logits"] = [] if logits else None
     for label, names in groups.items():
-        parts[label] = [n for n in names if result.state_diffs.get(n, 0.0) > result.tolerance] or None
+        parts[label] = [n for n in names if exceeds(result.state_diffs.get(n, 0.0), result.tolerance)] or None
     if result.state_diverged and not any(parts[label] for label in groups):
         # A result without its per-cache differences (built by hand): which cache is unknown.
         parts = {**{p: n for p, n in parts.items() if p not in groups}, "caches": []}
@@ -352,7 +360,11 @@ def divergence_verdict(result: ReproResult, cache_groups: dict[str, list[str]] |
     matching = [p for p, n in parts.items() if n is None]
     if not diverged:
         return f"{_and(matching)} match eager" if caches_only else "matches eager"
-    return f"{_and(diverged)} DIVERGED from eager" + (f"; {_and(matching)} match" if matching else "")
+    compared = [result.state_diffs.get(n, 0.0) for names in groups.values() for n in names]
+    if not caches_only and result.max_abs_diff is not None:
+        compared.append(result.max_abs_diff)
+    reason = "" if all(map(math.isfinite, compared)) else f" ({NON_FINITE})"
+    return f"{_and(diverged)} DIVERGED from eager{reason}" + (f"; {_and(matching)} match" if matching else "")
 
 
 def _and(items: Sequence[str]) -> str:

@@ -9,16 +9,19 @@ the rules themselves.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from cglab import ReproResult
+from cglab import CUDAGraphMode, ModelRunner, ReproResult
 from cglab.cli import main
-from cglab.repro import compare_final_state, tolerance
-from cglab.spec_decode import acceptance_rate, run_spec_repro
+from cglab.compare import NON_FINITE, dumps, exceeds, worst
+from cglab.repro import compare_final_state, divergence_verdict, tolerance
+from cglab.runner import PreparedStep
+from cglab.spec_decode import SpecDecodeRunner, acceptance_rate, run_spec_repro
 
 # Powers of two: exact in float32, so a difference computed from tensors is exactly this number.
 ABOVE, BELOW = 2.0**-12, 2.0**-14  # 2.4e-4 and 6.1e-5, on either side of float32's 1e-4
@@ -174,3 +177,121 @@ WITHIN = "below the tolerance 0.0001"
 def test_the_printed_difference_is_the_same_for_any_rounding(diff: float | None, text: str) -> None:
     """What notebooks and the CLI print: 0 on one CPU and 5e-7 on another read the same."""
     assert _result(max_abs_diff=diff).max_abs_diff_text == text
+
+
+# -- NaN and inf: never a match ----------------------------------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _strict(text: str) -> dict:
+    """JSON as a strict parser reads it: a bare NaN or Infinity is an error, not a number."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_a_non_finite_difference_is_the_worst_and_never_within_the_tolerance(bad: float) -> None:
+    """Python's max drops a NaN that is not first, and ``nan > tol`` is False: both would read as a match."""
+    largest = worst([0.0, bad, 1e-6])
+    assert largest == bad or math.isnan(bad) and math.isnan(largest)
+    assert worst([]) is None and exceeds(bad, 1e-4) and not exceeds(1e-4, 1e-4)
+    result = _result(max_abs_diff=None, state_diverged=None, step_diffs=[0.0, bad, 0.0])
+    zeros = _Caches(cache=torch.zeros(4))
+    compare_final_state(result, zeros, zeros)
+    assert result.diverged and result.non_finite and not result.state_diverged
+    assert divergence_verdict(result) == f"logits DIVERGED from eager ({NON_FINITE}); caches match"
+    assert result.max_abs_diff_text == str(bad)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_a_non_finite_cache_is_a_divergence(bad: float) -> None:
+    poisoned = torch.zeros(5)
+    poisoned[3] = bad
+    result = _result(state_diverged=None)
+    compare_final_state(result, _Caches(kv=torch.zeros(2), conv=poisoned), _Caches(kv=torch.zeros(2),
+                                                                                  conv=torch.zeros(5)))
+    assert result.state_diverged is True and result.diverged and result.non_finite
+    assert divergence_verdict(result) == f"caches DIVERGED from eager ({NON_FINITE}); logits match"
+
+
+@pytest.mark.parametrize("diff", [NAN, INF, -INF])
+def test_json_holds_a_non_finite_number_as_a_string(diff: float) -> None:
+    """JSON has no NaN: ``max_abs_diff`` becomes ``"nan"`` or ``"inf"``, which ``float()`` reads back."""
+    data = _strict(dumps(_result(max_abs_diff=diff).to_json()))
+    assert data["max_abs_diff"] == str(diff) and data["state_diverged"] is False
+    assert _strict(dumps({"rows": [{"kernel_floor_us": diff, "batch_size": 1}]})) == {
+        "rows": [{"kernel_floor_us": str(diff), "batch_size": 1}]}
+
+
+def _poison_graph_runner(monkeypatch: pytest.MonkeyPatch, where: str, value: float) -> None:
+    """The runner with graphs goes bad, the eager ones stay sound: its second replayed step returns
+    ``value`` in one logit (``where="logits"``), or one cache holds ``value`` when the run ends (the
+    target's in a plain run, the drafter's in a speculative one)."""
+    execute, close, spec_close = ModelRunner.execute, ModelRunner.close, SpecDecodeRunner.close
+    replayed: dict[int, int] = {}  # runner -> steps that replayed a graph
+
+    def execute_poisoned(self: ModelRunner, prepared: PreparedStep) -> torch.Tensor:
+        out = execute(self, prepared)
+        if where == "logits" and prepared.descriptor.cg_mode is not CUDAGraphMode.NONE:
+            replayed[id(self)] = replayed.get(id(self), 0) + 1
+            if replayed[id(self)] == 2:  # not the first: max() keeps a NaN that comes first
+                with torch.inference_mode():
+                    out[0, 0] = value
+        return out
+
+    def poison(caches: dict[str, torch.Tensor]) -> None:
+        with torch.inference_mode():
+            next(iter(caches.values())).view(-1)[0] = value
+
+    def close_poisoned(self: ModelRunner) -> None:
+        close(self)
+        if where == "cache" and self.cudagraph_manager is not None and self.speculative_config is None:
+            poison(self.state_tensors())
+
+    def spec_close_poisoned(self: SpecDecodeRunner) -> None:
+        spec_close(self)
+        if where == "cache" and self.target.cudagraph_manager is not None:
+            poison(self.speculator.state_tensors())
+
+    monkeypatch.setattr(ModelRunner, "execute", execute_poisoned)
+    monkeypatch.setattr(ModelRunner, "close", close_poisoned)
+    monkeypatch.setattr(SpecDecodeRunner, "close", spec_close_poisoned)
+
+
+@pytest.mark.parametrize("value", [NAN, INF], ids=["nan", "inf"])
+@pytest.mark.parametrize("where", ["logits", "cache"])
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
+def test_a_graph_runner_that_produces_nan_or_inf_diverged(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str], device: str,
+                                                          spec: bool, where: str, value: float) -> None:
+    """End to end, both graph backends: ``--check`` exits 1, the JSON parses strictly and names the value,
+    the printed verdict gives the reason."""
+    _poison_graph_runner(monkeypatch, where, value)
+    argv = ["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--layers", "sconv,attn", "--steps", "4",
+            "--batch-sizes", "3,1", "--device", device, "--check",
+            *(["--num-speculative-tokens", "2", "--layers", "attn,attn"] if spec else [])]
+    assert main([*argv, "--json"]) == 1
+    data = _strict(capsys.readouterr().out)
+    assert data["error"] is None
+    if where == "logits":  # in a speculative run the bad logits pick other tokens: the caches follow
+        assert data["max_abs_diff"] == str(value) and data["state_diverged"] is spec
+    else:
+        assert data["max_abs_diff"] < 1e-4 and data["state_diverged"] is True
+    assert main(argv) == 1
+    verdict = capsys.readouterr().out.split(" -> ")[1].splitlines()[0]
+    part = "logits" if where == "logits" else "drafter caches" if spec else "caches"
+    assert verdict.startswith(part) and f"DIVERGED from eager ({NON_FINITE})" in verdict, verdict
+
+
+def test_the_notebooks_verdicts_call_nan_a_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cglab.lab import divergence
+
+    poisoned = _result(max_abs_diff=None, state_diverged=None, step_diffs=[0.0, NAN])
+    compare_final_state(poisoned, _Caches(kv=torch.zeros(2)), _Caches(kv=torch.zeros(2)))
+    assert divergence.verdict(poisoned) == f"DIVERGED from eager ({NON_FINITE})"
+    monkeypatch.setattr(divergence, "cached_repro", lambda *args, **options: poisoned)
+    assert divergence.verdict_table(["attn"], [("piecewise", False)]).splitlines()[-1].split() == ["attn", "|",
+                                                                                                  "DIVERGED"]

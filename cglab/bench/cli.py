@@ -7,7 +7,6 @@ at the top: the commands import the benchmark when they run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -16,6 +15,7 @@ from pathlib import Path
 from cglab.bench.config import BenchConfig
 from cglab.bench.modes import MODE_NAMES, POLICIES
 from cglab.cli import PROG, add_command, int_list, name_list
+from cglab.compare import dumps, exceeds
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError
 from cglab.kernels import KERNEL_SETS
@@ -85,8 +85,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
     csv_path, json_path = _save(lambda path, force: save_results(result, path, force), args, asdict(result))
+    _warn_if_off(result.environment.get("max_abs_diff_vs_eager", {}), config.dtype)
     if args.json:
-        print(json.dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
+        print(dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
         return 0
     print(f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}")
     if result.backend == "sim":
@@ -94,6 +95,17 @@ def _run_bench(args: argparse.Namespace) -> int:
     print(bench_table(result))
     print(f"wrote {csv_path} and {json_path}")
     return 0
+
+
+def _warn_if_off(diffs: dict[str, float], dtype: str) -> None:
+    """One line on stderr if a row's logits differ from eager's beyond rounding (NaN included): such a
+    row times another computation, not a faster way to run the same step."""
+    from cglab.repro import tolerance
+
+    off = [f"{mode} ({diff:.3g})" for mode, diff in diffs.items() if exceeds(diff, tolerance(dtype))]
+    if off:
+        print(f"{PROG} bench: warning: the logits of {', '.join(off)} differ from eager's beyond rounding; those "
+              "rows time another computation", file=sys.stderr)
 
 
 def add_startup(sub: argparse._SubParsersAction) -> None:
@@ -133,7 +145,7 @@ def _run_startup(args: argparse.Namespace) -> int:
     result = measure_startup(config)
     csv_path, json_path = _save(lambda path, force: save_startup(result, path, force), args, asdict(result))
     if args.json:
-        print(json.dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
+        print(dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
         return 0
     print(f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
           f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})")
@@ -153,7 +165,7 @@ def _save(save: Callable[[str | Path, bool], tuple[Path, Path]], args: argparse.
     except NotSavedError as exc:
         if exc.kept is not None:
             raise
-        print(json.dumps(everything))
+        print(dumps(everything))
         raise NotSavedError(f"{exc}; the measurements were printed on stdout as JSON", None) from None
 
 

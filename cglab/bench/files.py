@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cglab.bench.modes import MODE_NAMES
+from cglab.compare import dumps
 from cglab.errors import ConfigError, NotSavedError
 
 __all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "BenchResult", "check_output", "load_results", "read_pair",
@@ -197,7 +198,7 @@ def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns:
     backups: dict[Path, Path] = {}
     placed: list[Path] = []
     try:
-        for target, text in zip(targets, (buffer.getvalue(), json.dumps(sidecar, indent=2) + "\n")):
+        for target, text in zip(targets, (buffer.getvalue(), dumps(sidecar, indent=2) + "\n")):
             temps.append(_write_temp(target, text))
         for target in targets:
             if target.exists():

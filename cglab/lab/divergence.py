@@ -10,6 +10,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from cglab.compare import NON_FINITE
 from cglab.config import PIECEWISE_FLAVORS, CUDAGraphMode, parse_piecewise_flavor
 from cglab.errors import ConfigError
 from cglab.lab.draw import draw_divergence, expect
@@ -35,7 +36,7 @@ def verdict(result: ReproResult) -> str:
     if result.error:
         return f"capture failed loudly ({result.error.split(':')[0]})"
     if result.diverged:
-        return "DIVERGED from eager, and nothing raised"
+        return f"DIVERGED from eager ({NON_FINITE})" if result.non_finite else "DIVERGED from eager, and nothing raised"
     if result.mode != "none" and not result.replayed_graphs:
         return "no graph replayed (every step ran eagerly)"
     return "matches eager"

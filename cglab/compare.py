@@ -1,0 +1,43 @@
+"""How a difference from eager is judged and written, NaN-proof. Free of torch (the CLI imports it).
+
+A NaN fools the obvious code twice: ``d > tolerance`` is False for it, and Python's ``max`` drops a
+NaN that does not come first. A graph runner that produced NaN would then "match eager". So every
+verdict asks ``exceeds`` and ``worst``, and every JSON cglab prints goes through ``dumps``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+# Why a run with a NaN or an infinity diverged. The eager reference is taken as sound.
+NON_FINITE = "the graph runner produced NaN/inf"
+
+
+def exceeds(difference: float, tolerance: float) -> bool:
+    """Whether ``difference`` is a divergence: above ``tolerance``, or NaN (never "within" anything)."""
+    return not difference <= tolerance
+
+
+def worst(differences: Iterable[float]) -> float | None:
+    """The largest difference, NaN if any is NaN; None if there are none."""
+    return max(differences, key=lambda d: (math.isnan(d), d), default=None)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with each NaN or infinity as the string ``"nan"``, ``"inf"`` or ``"-inf"``, which
+    ``float()`` reads back: JSON has no such numbers, and strict parsers refuse a bare ``NaN``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """``json.dumps`` of ``json_safe(value)``, refusing any non-finite number that slipped through."""
+    return json.dumps(json_safe(value), allow_nan=False, **options)
