@@ -148,3 +148,16 @@ def test_an_engine_let_go_is_freed_with_its_model() -> None:
         del runner
         gc.collect()
         assert model() is None
+
+
+def test_a_trace_made_without_metadata_is_not_reused_with_it() -> None:
+    """Guards in plain Python decide at the trace: the drafter of a legacy run is first traced at its capture,
+    without metadata, and keeps the early return. A fixed drafter built next, whose capture has metadata,
+    must trace again; reusing that trace, its caches diverged from eager."""
+    from cglab.spec_decode import run_spec_repro
+
+    case = {"layers": "attn,attn", "draft_layers": "sconv,attn", "python_guards": True, "steps": 3,
+            "batch_sizes": (1, 2)}
+    assert run_spec_repro("piecewise", legacy_skip_attn=True, **case).state_diverged
+    fixed = run_spec_repro("piecewise", **case)
+    assert not fixed.diverged and fixed.acceptance_rate == fixed.reference_acceptance_rate
