@@ -107,6 +107,23 @@ def test_a_reused_block_starts_from_a_zero_state() -> None:
     assert (reused.step(step).logits - fresh.step(step).logits).abs().max().item() < 1e-6
 
 
+def test_each_request_keeps_a_state_of_its_own() -> None:
+    """Another request running in between changes nothing for this one: each request's state lives in its
+    own first block. (Read from a column most rows leave unused, every request would share one state, and
+    the eager reference with them: only a test of the requests' independence sees it.)"""
+    config = ToyConfig(layers=("linear_attn", "attn"), max_num_reqs=2)
+    alone, shared = ModelRunner(config), ModelRunner(config)
+    for runner in (alone, shared):
+        runner.add_request("a")
+        runner.step({"a": [5, 6, 7]})
+    shared.add_request("b")
+    shared.step({"b": [9, 10, 11, 12, 13]})
+    for token in (8, 3):
+        assert torch.equal(alone.step({"a": [token]}).logits, shared.step({"a": [token]}).logits)
+    both = shared.step({"a": [4], "b": [2]}).logits  # in one batch: other matmul shapes, rounding only
+    assert (both[:1] - alone.step({"a": [4]}).logits).abs().max().item() < 1e-5
+
+
 # -- the fix's second reason ----------------------------------------------------------------------
 
 def test_legacy_breakable_capture_fails_in_the_builder_above_max_num_reqs(device) -> None:
