@@ -104,6 +104,24 @@ def test_sim_rollback_restores_views_and_in_graph_buffers() -> None:
     assert torch.equal(cache[1], src) and torch.equal(out, src * 2)
 
 
+def test_a_buffer_written_twice_during_capture_gets_its_value_from_before(backend: GraphBackend) -> None:
+    """Capture launches nothing: after it, a buffer written twice holds what it held before, not its
+    first write (notebook 01's lesson); replay then writes both, in order."""
+    buf = _buf(backend, 5.0, 5.0)
+    x = _buf(backend, 1.0, 2.0)
+
+    def fn() -> None:
+        buf.copy_(x + 1)
+        buf.mul_(10)
+
+    graph, _ = backend.capture(fn)
+    backend.synchronize()
+    assert torch.equal(buf.cpu(), torch.tensor([5.0, 5.0]))
+    graph.replay()
+    backend.synchronize()
+    assert torch.equal(buf.cpu(), torch.tensor([20.0, 30.0]))
+
+
 # -- Python does not run at replay --------------------------------------------------------------
 
 
