@@ -55,6 +55,7 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
     assert {(r["mode"], r["batch_size"]) for r in result.rows} == {(m, b) for m in cpu_modes for b in (1, 2, 4)}
     assert list(result.rows[0])[: len(CSV_COLUMNS)] == list(CSV_COLUMNS)
     for r in result.rows:
+        assert r["repeats"] == 10  # exactly --repeats samples
         assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] and r["kernel_floor_us"] > 0
         graph_launches = {"none": 0, "full": 1, "compiled_full": 1}.get(r["mode"], r["graph_segments"])
         assert r["launches"] >= graph_launches

@@ -11,7 +11,7 @@ import torch
 
 from cglab.bench import profiling
 from cglab.bench.profiling import MARKER, Window, attribute, profile_steps
-from cglab.bench.timing import stats
+from cglab.bench.timing import split, stats
 
 CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
@@ -24,6 +24,13 @@ CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 ])
 def test_stats_are_median_and_inclusive_deciles(samples: list[float], expected: tuple[float, float, float]) -> None:
     assert stats(samples) == expected
+
+
+@pytest.mark.parametrize(("total", "parts", "expected"), [(10, 1, [10]), (10, 3, [4, 3, 3]), (300, 10, [30] * 10),
+                                                    (7, 7, [1] * 7), (11, 4, [3, 3, 3, 2])])
+def test_split_gives_every_repeat_once(total: int, parts: int, expected: list[int]) -> None:
+    """The timing rounds take exactly ``--repeats`` samples: one too many would be recorded silently."""
+    assert split(total, parts) == expected and sum(expected) == total
 
 
 @dataclass
