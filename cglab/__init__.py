@@ -22,6 +22,7 @@ _EXPORTS = {
     "cglab.batch": ("BatchExecutionDescriptor", "CudagraphDispatcher", "InputBatch"),
     "cglab.buffers": ("PAD_SLOT_ID", "BlockTables", "InputBuffers"),
     "cglab.cudagraph_utils": ("CudaGraphManager", "prepare_inputs_to_capture", "prepare_inputs_to_capture_legacy"),
+    "cglab.compare": ("state_differences",),
     "cglab.compilation_config": ("CompilationConfig", "SpeculativeConfig"),
     "cglab.config": ("CUDAGraphMode", "ToyConfig"),
     "cglab.cudagraph_support": ("AttentionCGSupport",),
@@ -31,7 +32,7 @@ _EXPORTS = {
     "cglab.metadata": ("prepare_attn",),
     "cglab.model": ("ToyTransformer",),
     "cglab.repro": ("ReproResult", "run_repro"),
-    "cglab.runner": ("ModelRunner", "StepOutput", "state_differences"),
+    "cglab.runner": ("ModelRunner", "StepOutput"),
 }
 
 __all__ = [

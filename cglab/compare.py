@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 # Why a run with a NaN or an infinity diverged. The eager reference is taken as sound.
 NON_FINITE = "the graph runner produced NaN/inf"
@@ -24,6 +27,17 @@ def exceeds(difference: float, tolerance: float) -> bool:
 def worst(differences: Iterable[float]) -> float | None:
     """The largest difference, NaN if any is NaN; None if there are none."""
     return max(differences, key=lambda d: (math.isnan(d), d), default=None)
+
+
+class HasState(Protocol):
+    def state_tensors(self) -> dict[str, torch.Tensor]: ...
+
+
+def state_differences(runner: HasState, reference: HasState) -> dict[str, float]:
+    """Largest absolute difference of every cache and state tensor between two runners (``ModelRunner``
+    or ``SpecDecodeRunner``); NaN where either holds NaN (torch's ``max`` keeps it), inf or NaN for an inf."""
+    ref = reference.state_tensors()
+    return {name: (t.float() - ref[name].float()).abs().max().item() for name, t in runner.state_tensors().items()}
 
 
 def json_safe(value: Any) -> Any:

@@ -33,7 +33,7 @@ from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation import cudagraph_capturing_enabled
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
-from cglab.errors import AddressChangedError, CaptureError
+from cglab.errors import RELEASED, AddressChangedError, CaptureError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import CapturedGraph, GraphBackend
 from cglab.metadata import AttentionGroup, prepare_attn
@@ -221,7 +221,7 @@ class CudaGraphManager:
         self.addresses: dict[BatchExecutionDescriptor, dict[str, _Address]] = {}  # what each capture read
         self._keepalive: dict[BatchExecutionDescriptor, CaptureForward] = {}
         self.capture_stats: CaptureStats | None = None
-        self._released = False
+        self.released = False
 
     def capture(self, create_forward_fn: ForwardFnFactory,
                 progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
@@ -278,9 +278,8 @@ class CudaGraphManager:
         return entry.output
 
     def _not_captured(self, desc: BatchExecutionDescriptor) -> CaptureError:
-        if self._released:
-            return CaptureError(f"cannot replay {desc}: the graphs were released by close(); "
-                                "build a new ModelRunner to capture them again")
+        if self.released:
+            return CaptureError(f"cannot replay {desc}: {RELEASED}")
         captured = ", ".join(str(d) for d in self.addresses) or "none"
         return CaptureError(
             f"no graph was captured for {desc} (a shape the graph was not captured for; captured: {captured}). "
@@ -301,7 +300,7 @@ class CudaGraphManager:
             entry.graph.reset()
         self.graphs.clear()
         self._keepalive.clear()
-        self._released = True
+        self.released = True
 
 
 def _check_addresses(desc: BatchExecutionDescriptor, captured: Mapping[str, _Address],

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# What a closed runner says wherever its graphs are asked for (a step, a replay, a picture of them).
+RELEASED = "the graphs were released by close(); build a new ModelRunner to capture them again"
+
 
 class CglabError(Exception):
     """Base class: catch this to handle any cglab error."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from cglab.compare import NON_FINITE, exceeds, json_safe, worst
+from cglab.compare import NON_FINITE, HasState, exceeds, json_safe, state_differences, worst
 from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig
 from cglab.config import (
     CUDAGraphMode,
@@ -27,7 +27,7 @@ from cglab.config import (
     resolve_splitting_ops,
 )
 from cglab.errors import CaptureError, CglabError, ConfigError
-from cglab.runner import HasState, ModelRunner, resolve_runner_cudagraph_mode, state_differences
+from cglab.runner import ModelRunner, resolve_runner_cudagraph_mode
 
 MAX_STEPS = 10_000
 MAX_POOL = 256

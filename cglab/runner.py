@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -37,7 +37,7 @@ from cglab.cudagraph_utils import (
     graph_reads,
     tensor_source,
 )
-from cglab.errors import CapacityError, CaptureError, ConfigError, MissingMetadataError
+from cglab.errors import RELEASED, CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import CapturedGraph, GraphBackend, get_backend
 from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, min_cudagraph_support, prepare_attn
@@ -102,6 +102,9 @@ class ModelRunner:
                               "build one with ToyConfig(layers='sconv,attn', ...)")
         if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
             raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
+        if progress is not None and not callable(progress):
+            raise ConfigError(f"progress must be a function, called with each descriptor once captured, or None; "
+                              f"got {progress!r}")
         cc = self.compilation_config = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
@@ -158,16 +161,23 @@ class ModelRunner:
         manager, wrappers = self.cudagraph_manager, self.piecewise_wrappers()
         if manager is None:
             return {}
+        self.check_open()
         full = {desc: entry.replays for desc, entry in manager.graphs.items()}
         pieces = {desc: entry.replays for desc, entry in wrappers[0].entries.items()} if wrappers else {}
         return {desc: full[desc] if desc in full else pieces.get(desc, 0) for desc in manager.addresses}
 
     def captured_graphs(self, desc: BatchExecutionDescriptor) -> list[CapturedGraph]:
         """The graphs a step of ``desc`` replays: its FULL graph, or one per PIECEWISE wrapper."""
+        self.check_open()
         manager = self.cudagraph_manager
         if manager is not None and desc in manager.graphs:
             return [manager.graphs[desc].graph]
         return [w.entries[desc].graph for w in self.piecewise_wrappers() if desc in w.entries]
+
+    def check_open(self) -> None:
+        """Refuse to show graphs that ``close()`` released."""
+        if self.cudagraph_manager is not None and self.cudagraph_manager.released:
+            raise CaptureError(f"this ModelRunner is closed: {RELEASED}")
 
     def piecewise_wrappers(self) -> list[CUDAGraphWrapper]:
         """Where the PIECEWISE graphs live: one wrapper per compiled piece, or the breakable one."""
@@ -383,14 +393,3 @@ def parse_token_ids(req_id: str, ids: object) -> list[int]:
     except TypeError:
         pass
     raise ConfigError(f"token ids of request {req_id!r} must be integers, got {values!r}")
-
-
-class HasState(Protocol):
-    def state_tensors(self) -> dict[str, torch.Tensor]: ...
-
-
-def state_differences(runner: HasState, reference: HasState) -> dict[str, float]:
-    """Largest absolute difference of every cache and state tensor between two runners (``ModelRunner``
-    or ``SpecDecodeRunner``)."""
-    ref = reference.state_tensors()
-    return {name: (t.float() - ref[name].float()).abs().max().item() for name, t in runner.state_tensors().items()}

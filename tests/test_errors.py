@@ -126,6 +126,8 @@ RUNNER_CASES = {
     "flag not a bool": (lambda: ModelRunner(CONFIG, CompilationConfig("none", legacy_skip_attn="no")), "True or False"),
     "builder without build()": (lambda: ModelRunner(CONFIG, builders={"sconv": object()}), "builders['sconv']"),
     "builder for an unknown kind": (lambda: ModelRunner(CONFIG, builders={"conv": None}), "valid kinds"),
+    "progress not a function": (lambda: ModelRunner(CONFIG, CompilationConfig("full", SIZES), progress="x"),
+                                "progress must be a function, called with each descriptor once captured, or None"),
 }
 
 
@@ -234,10 +236,22 @@ def test_replaying_a_shape_that_was_never_captured(runner: ModelRunner) -> None:
     assert "a shape the graph was not captured for" in fix and "CudagraphDispatcher.dispatch()" in fix
 
 
-def test_replay_after_close_says_how_to_go_on(runner: ModelRunner) -> None:
+@pytest.mark.parametrize(("mode", "flavor"), [("full", "compiled"), ("piecewise", "compiled"),
+                                             ("piecewise", "breakable")])
+def test_a_closed_runner_says_so_wherever_its_graphs_are_asked_for(mode: str, flavor: str) -> None:
+    """A step, a picture of the graphs, the replay counts: each says the runner was closed, and how to go on."""
+    from cglab.lab.anatomy import describe_pieces, describe_replays
+
+    runner = ModelRunner(CONFIG, CompilationConfig(mode, SIZES, use_breakable_cg=flavor == "breakable"))
+    runner.add_request("a")
+    desc = next(iter(runner.graph_replays()))
     runner.close()
-    assert "build a new ModelRunner" in _message(lambda: runner.step({"a": [1]}), CaptureError)
-    assert runner.step({"a": [1]}, eager=True).descriptor.cg_mode is CUDAGraphMode.NONE
+    closed = "the graphs were released by close(); build a new ModelRunner to capture them again"
+    calls = [lambda: runner.step({"a": [1]}), runner.graph_replays, lambda: runner.captured_graphs(desc),
+             lambda: describe_pieces(runner, desc), lambda: describe_replays(runner)]
+    for call in calls:
+        assert closed in _message(call, CaptureError)
+    assert runner.step({"a": [1]}, eager=True).descriptor.cg_mode is CUDAGraphMode.NONE  # eager steps still run
 
 
 # -- run_repro ------------------------------------------------------------------------------------

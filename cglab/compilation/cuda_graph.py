@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from cglab.config import CUDAGraphMode
-from cglab.errors import AddressChangedError, CaptureError
+from cglab.errors import RELEASED, AddressChangedError, CaptureError
 from cglab.forward_context import get_forward_context
 from cglab.graphs import CapturedGraph, GraphBackend
 
@@ -68,6 +68,7 @@ class CUDAGraphWrapper(nn.Module):
         self.runtime_mode = runtime_mode
         self.check_addresses = check_addresses
         self.entries: dict[Any, CUDAGraphEntry] = {}
+        self.released = False
 
     def forward(self, *args: Any) -> Any:
         context = get_forward_context()
@@ -90,6 +91,8 @@ class CUDAGraphWrapper(nn.Module):
         entry.replays += 1
 
     def _capture(self, desc: Any, args: tuple[Any, ...]) -> Any:
+        if self.released:
+            raise CaptureError(f"{self.name} cannot replay {desc}: {RELEASED}")
         if not _CAPTURING_ENABLED.get():
             captured = ", ".join(map(str, self.entries)) or "none"
             raise CaptureError(f"{self.name} has no graph for {desc} (captured: {captured}) and graphs are only "
@@ -112,3 +115,4 @@ class CUDAGraphWrapper(nn.Module):
         for entry in self.entries.values():
             entry.graph.reset()
         self.entries.clear()
+        self.released = True

@@ -141,6 +141,7 @@ def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None =
 
 def describe_replays(runner: ModelRunner) -> str:
     """How often each compiled piece's graph has replayed, per PIECEWISE descriptor it was captured for."""
+    runner.check_open()
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers:
         raise ConfigError("no compiled PIECEWISE pieces here: build the runner with a policy that captures "
