@@ -8,6 +8,7 @@ engine when they run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -235,6 +236,20 @@ def _import_torch(device: str) -> None:
     _interrupt.keyboard_interrupt_from_here()
 
 
+def print_saved(text: str) -> None:
+    """Print the report of a result already saved in files: if the reader of stdout went away (``| true``,
+    ``| head``), only this report is lost, so that is no error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    """Point a closed stdout at the null device: Python's flush at exit must not fail a second time."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _out_of_memory(exc: BaseException) -> bool:
     """The host's or the device's memory ran out (torch's error only if torch got imported)."""
     torch = sys.modules.get("torch")
@@ -252,10 +267,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "validate", None) is not None:
             args.validate(args)
         _import_torch(args.device)
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a stdout closed early fails here, where the clause below tells it from a disk
+        return status
     except KeyboardInterrupt:  # at any step, the parser's imports included
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # before OSError: the reader of stdout went away, the disk is fine
+        _stdout_to_devnull()
+        status, message = 1, "stdout was closed (its reader went away) before the result was printed in full"
     except OSError as exc:  # before the CglabError clause: a NotSavedError is both
         status = 1
         message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
@@ -269,4 +289,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-__all__ = ["PROG", "add_command", "build_parser", "int_list", "main", "name_list"]
+__all__ = ["PROG", "add_command", "build_parser", "int_list", "main", "name_list", "print_saved"]

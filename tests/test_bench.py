@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -103,6 +105,17 @@ def test_a_row_with_non_finite_logits_is_no_match(tmp_path: Path, monkeypatch: p
     assert sidecar["environment"]["max_abs_diff_vs_eager"] == {"none": 0.0, "full": str(value)}
     assert summary["rows"] == load_results(tmp_path / "run").rows
     assert f"warning: the logits of full ({value}) differ from eager's" in captured.err
+
+
+@pytest.mark.parametrize("output", [["--json"], []], ids=["json", "table"])
+def test_a_closed_stdout_is_no_disk_problem(tmp_path: Path, output: list[str]) -> None:
+    """``bench ... | true``: the reader went away, the result is saved; only the report is lost, so exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "cglab", *TINY, "--modes", "full", "--out", str(tmp_path / "run"),
+                             *output], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the first line is printed: importing torch takes seconds
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0 and err == ""
+    assert [r["mode"] for r in load_results(tmp_path / "run").rows] == ["full", "full"]
 
 
 def test_refuses_to_overwrite_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

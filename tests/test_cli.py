@@ -43,6 +43,17 @@ def test_divergence_and_refused_capture_still_exit_zero(capsys: pytest.CaptureFi
     assert error.startswith("MissingMetadataError: capturing the PIECEWISE")
 
 
+def test_a_closed_stdout_says_the_result_was_not_printed() -> None:
+    """Nothing was saved: the one line on stderr says the result was lost, not that the disk failed."""
+    proc = subprocess.Popen([sys.executable, "-m", "cglab", "repro", "--steps", "2", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 1
+    assert err == ("python -m cglab repro: error: stdout was closed (its reader went away) before the result was "
+                   "printed in full\n")
+
+
 @pytest.mark.parametrize("argv", [["--mode", "full_decode_only", "--capture-sizes", "16"], ["--batch-sizes", "100"]])
 def test_an_all_eager_run_is_never_called_a_graph_result(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     assert main(["repro", "--steps", "2", *argv]) == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cglab.bench.config import BenchConfig
 from cglab.bench.modes import MODE_NAMES, POLICIES
-from cglab.cli import PROG, add_command, int_list, name_list
+from cglab.cli import PROG, add_command, int_list, name_list, print_saved
 from cglab.compare import dumps, exceeds
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError
@@ -87,13 +87,11 @@ def _run_bench(args: argparse.Namespace) -> int:
     csv_path, json_path = _save(lambda path, force: save_results(result, path, force), args, asdict(result))
     _warn_if_off(result.environment.get("max_abs_diff_vs_eager", {}), config.dtype)
     if args.json:
-        print(dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
+        print_saved(dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
         return 0
-    print(f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}")
-    if result.backend == "sim":
-        print("  CPU simulator of CUDA graphs: semantics only, not GPU speed")
-    print(bench_table(result))
-    print(f"wrote {csv_path} and {json_path}")
+    sim = "\n  CPU simulator of CUDA graphs: semantics only, not GPU speed" if result.backend == "sim" else ""
+    print_saved(f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}{sim}\n"
+                f"{bench_table(result)}\nwrote {csv_path} and {json_path}")
     return 0
 
 
@@ -145,12 +143,11 @@ def _run_startup(args: argparse.Namespace) -> int:
     result = measure_startup(config)
     csv_path, json_path = _save(lambda path, force: save_startup(result, path, force), args, asdict(result))
     if args.json:
-        print(dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
+        print_saved(dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
         return 0
-    print(f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
-          f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})")
-    print(startup_table(result))
-    print(f"wrote {csv_path} and {json_path}")
+    print_saved(f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
+                f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})\n"
+                f"{startup_table(result)}\nwrote {csv_path} and {json_path}")
     return 0
 
 
