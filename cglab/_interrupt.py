@@ -1,13 +1,16 @@
 """One line, not a traceback, for a Ctrl-C while ``python -m cglab`` imports torch: a KeyboardInterrupt
 there prints a traceback or is swallowed by an import that then fails oddly, so until ``cli.main`` takes
 over, Ctrl-C ends the process at once. Only under ``-m`` (``sys.argv[0] == "-m"`` while importing) and
-only over Python's own handler."""
+only over Python's own handler. And ``termination_deferred``: SIGTERM and SIGHUP wait for a save to end."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 
@@ -21,6 +24,24 @@ def keyboard_interrupt_from_here() -> None:
     """Give Ctrl-C back to Python's KeyboardInterrupt, for ``main`` to handle (if ``end_at_once`` has it)."""
     if signal.getsignal(signal.SIGINT) is end_at_once:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextmanager
+def termination_deferred() -> Iterator[None]:
+    """SIGTERM and SIGHUP wait until the block ends, then act as they would have (by default, end the
+    process): a save in progress ends whole, never half old and half new. Ctrl-C is not deferred: its
+    KeyboardInterrupt undoes the save. Only the main thread can set handlers; elsewhere nothing changes."""
+    main = threading.current_thread() is threading.main_thread()
+    signums = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if main and hasattr(signal, name)]
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            os.kill(os.getpid(), signum)  # now with the handler it had before
 
 
 if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:

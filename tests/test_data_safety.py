@@ -269,6 +269,20 @@ def test_ctrl_c_during_the_save_of_python_m_cglab_keeps_the_old_pair(tmp_path: P
     assert [(tmp_path / name).read_text() for name in ("run.csv", "run.json")] == ["recorded .csv", "recorded .json"]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_during_the_save_waits_for_it_to_end(tmp_path: Path, signum: int) -> None:
+    """The same signal between the two renames would kill the process there (a new CSV beside the old JSON,
+    hidden backups left over): it waits until the new pair is in place, then ends the process as usual."""
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
+    script = INTERRUPTED_SAVE.replace("signal.SIGINT", f"signal.{signal.Signals(signum).name}")
+    proc = subprocess.run([sys.executable, "-c", script, "bench", "--quick", "--force", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (-signum, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]  # no hidden leftovers
+    assert load_results(tmp_path / "run").rows[0]["median_us"] == 2.5  # the new pair, both halves
+
+
 # After main() returns, a KeyboardInterrupt in the interpreter's teardown (here an atexit callback)
 # would print "Exception ignored" and a traceback; __main__ makes that Ctrl-C end the process by the signal.
 # cglab.cli is stubbed so that no torch is imported: only __main__'s own lines run.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cglab._interrupt import termination_deferred
 from cglab.bench.modes import MODE_NAMES
 from cglab.compare import dumps
 from cglab.errors import ConfigError, NotSavedError
@@ -178,13 +179,15 @@ def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool 
     return save_pair(path, result.rows, columns, sidecar, force)
 
 
+@termination_deferred()
 def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns: list[str],
               sidecar: dict[str, Any], force: bool = False) -> tuple[Path, Path]:
     """Write ``rows`` as ``PATH.csv`` and ``sidecar`` as ``PATH.json``, as a pair: both go to temporary
     files beside their targets, and are renamed over them (``os.replace``) only once both are written.
 
-    If the second rename fails, the first is undone (the old file comes back from a hard-link
+    If the second rename fails (or Ctrl-C), the first is undone (the old file comes back from a hard-link
     backup), so the pair on disk is either the old one or the new one, and no temporary file stays.
+    SIGTERM and SIGHUP wait for the save to end.
     """
     check_output(path, force)
     targets = result_paths(path)
@@ -293,9 +296,7 @@ def _backup(target: Path) -> Path:
 
 
 def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.3f}"
-    return str(value)
+    return ("nan" if math.isnan(value) else f"{value:.3f}") if isinstance(value, float) else str(value)
 
 
 # ----------------------------------------------------------------------------------- reading
