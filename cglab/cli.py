@@ -11,7 +11,8 @@ import argparse
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 from cglab import _interrupt
@@ -159,12 +160,13 @@ def _run_repro(args: argparse.Namespace) -> int:
               "capture_sizes": args.capture_sizes, "batch_sizes": args.batch_sizes, "max_num_reqs": args.max_num_reqs,
               "steps": args.steps,
               "uniform_decode_by_shape": args.uniform_decode_by_shape, "seed": args.seed, "device": args.device}
-    if args.num_speculative_tokens == 0:
-        result = run_repro(args.mode, prefill_chunk=args.prefill_chunk, **common)
-    else:
-        result = run_spec_repro(args.mode, num_speculative_tokens=args.num_speculative_tokens,
-                                draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
-                                frozen_step_index=args.frozen_step_index, **common)
+    with _steps_bar(args.steps) as progress:
+        if args.num_speculative_tokens == 0:
+            result = run_repro(args.mode, prefill_chunk=args.prefill_chunk, progress=progress, **common)
+        else:
+            result = run_spec_repro(args.mode, num_speculative_tokens=args.num_speculative_tokens,
+                                    draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
+                                    frozen_step_index=args.frozen_step_index, progress=progress, **common)
     # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
     no_graphs = no_graph_replayed(result)
     failed = result.diverged or result.lost_acceptance or result.error or no_graphs
@@ -174,6 +176,22 @@ def _run_repro(args: argparse.Namespace) -> int:
     else:
         print_repro(result, python_guards=args.python_guards, frozen_step_index=args.frozen_step_index)
     return status
+
+
+BAR_DELAY_S = 2.0  # a run shorter than this shows no bar
+
+
+@contextmanager
+def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
+    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``: a long run (thousands
+    of steps, hundreds of requests) says how far it got. Elsewhere (a log, a pipe) nothing, as in bench."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=steps, desc="repro", unit="step", delay=BAR_DELAY_S, file=sys.stderr, leave=False) as bar:
+        yield bar.update
 
 
 # Switches that change only how graphs are captured or replayed; --mode none captures none.

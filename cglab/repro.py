@@ -6,7 +6,7 @@ This is what ``python -m cglab repro`` runs, what notebook 04 plots and what the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -273,11 +273,12 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
               capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
               prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
               max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False,
+              progress: Callable[[], object] | None = None,
               **config_overrides: Any) -> ReproResult:
     """Run ``schedule``'s steps on a graph runner and an eager reference; compare every step's logits
-    and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``; ``result.cudagraph_mode``
-    is the policy after lowering for the builders. Switches that change nothing in ``mode`` are
-    accepted, so tables can set every case alike (the CLI refuses them)."""
+    (then call ``progress()``) and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``;
+    ``result.cudagraph_mode`` is the policy after lowering for the builders. Switches that change
+    nothing in ``mode`` are accepted, so tables can set every case alike (the CLI warns about them)."""
     cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
                                   capture_sizes, pre_49751_dummy_split=pre_49751_dummy_split)
     config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
@@ -310,6 +311,8 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
             result.step_modes.append(str(out.descriptor))
             mode_name = out.descriptor.cg_mode.value
             result.steps_by_mode[mode_name] = result.steps_by_mode.get(mode_name, 0) + 1
+            if progress is not None:
+                progress()
     except CglabError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:

@@ -54,6 +54,21 @@ def test_a_closed_stdout_says_the_result_was_not_printed() -> None:
                    "printed in full\n")
 
 
+@pytest.mark.parametrize("spec", [[], ["--num-speculative-tokens", "1", "--layers", "attn,attn"]],
+                         ids=["plain", "speculative"])
+def test_a_run_in_a_terminal_shows_how_far_it_got(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                  spec: list[str]) -> None:
+    """A long run (``--batch-sizes 256 --steps 4000``: minutes) used to print nothing until the end: in a
+    terminal, a bar of the steps goes to stderr (here at once; by default after 2 s)."""
+    monkeypatch.setattr("cglab.cli.BAR_DELAY_S", 0)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["repro", "--steps", "3", "--batch-sizes", "1,2", *spec]) == 0
+    assert "repro:   0%|          | 0/3 [" in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # a log or a pipe: no bar
+    assert main(["repro", "--steps", "3", "--batch-sizes", "1,2", *spec]) == 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("argv", [["--mode", "full_decode_only", "--capture-sizes", "16"], ["--batch-sizes", "100"]])
 def test_an_all_eager_run_is_never_called_a_graph_result(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     assert main(["repro", "--steps", "2", *argv]) == 0

@@ -14,7 +14,7 @@ rate than the reference, fewer tokens per step, a silent loss of speed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cglab.config import CUDAGraphMode, check_num_speculative_tokens, resolve_splitting_ops
@@ -41,6 +41,7 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
                    capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
                    frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,
                    device: str = "cpu", max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False,
+                   progress: Callable[[], object] | None = None,
                    **config_overrides: Any) -> ReproResult:
     """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
     from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
@@ -97,6 +98,8 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
                                            ("reference", ref, result.reference_tokens_per_step)):
                 outputs[name].append(output)
                 per_step.append(_tokens_per_request(output))
+            if progress is not None:
+                progress()
     except CglabError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
