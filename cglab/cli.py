@@ -136,7 +136,8 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
                    help=f"speculative decoding: K drafts per step (at most {MAX_SPECULATIVE_TOKENS}) from an "
                         "EAGLE-style drafter, verified greedily; reports acceptance_rate and reference_acceptance_rate "
                         "(the same drafter run eagerly)")
-    p.add_argument("--draft-layers", help="the drafter's decoder layers after its fusion conv (default: attn)")
+    p.add_argument("--draft-layers", type=name_list(LAYER_KINDS),
+                   help="the drafter's decoder layers after its fusion conv (default: attn)")
     p.add_argument("--frozen-step-index", action="store_true",
                    help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892, a "
                         "PIECEWISE matter there)")
@@ -151,7 +152,7 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
 
 def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
-    from cglab.repro_report import no_graph_replayed, print_repro
+    from cglab.repro_report import LEGACY_NOTE, legacy_switch_idle, no_graph_replayed, print_repro
     from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, run_spec_repro
 
     common = {"legacy_skip_attn": args.legacy_skip_attn, "piecewise_flavor": args.piecewise_flavor or "compiled",
@@ -167,6 +168,8 @@ def _run_repro(args: argparse.Namespace) -> int:
             result = run_spec_repro(args.mode, num_speculative_tokens=args.num_speculative_tokens,
                                     draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
                                     frozen_step_index=args.frozen_step_index, progress=progress, **common)
+    if legacy_switch_idle(result):
+        print(f"{PROG} repro: warning: {LEGACY_NOTE}", file=sys.stderr)
     # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
     no_graphs = no_graph_replayed(result)
     failed = result.diverged or result.lost_acceptance or result.error or no_graphs
@@ -203,19 +206,40 @@ _GRAPH_SWITCHES = {"legacy_skip_attn": "--legacy-skip-attn", "piecewise_flavor":
 
 
 def _check_repro_switches(args: argparse.Namespace) -> None:
-    """Refuse, before any work, switches that contradict each other or would change nothing."""
-    if args.mode == "none":
-        given = [flag for name, flag in _GRAPH_SWITCHES.items() if getattr(args, name) not in (None, False)]
-        if given:
-            raise ConfigError(f"--mode none captures no graph, so {' and '.join(given)} would change nothing (the "
-                              f"run compares eager with eager): drop {'them' if len(given) > 1 else 'it'}, or choose "
-                              "a graph mode such as --mode piecewise")
-    if args.num_speculative_tokens == 0 and (args.draft_layers is not None or args.frozen_step_index):
-        raise ConfigError("--draft-layers and --frozen-step-index describe the drafter: add "
-                          "--num-speculative-tokens K (K >= 1)")
+    """Before any work: refuse switches that contradict each other; for switches that would change nothing
+    in the chosen mode, one warning line on stderr each (``_idle_switches``), and the run goes on."""
+    for flags, why in _idle_switches(args):
+        print(f"{PROG} repro: warning: {' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}",
+              file=sys.stderr)
+    if args.piecewise_flavor == "breakable":
+        args.splitting_ops = None  # the engine refuses splitting ops for a split it does not make
     if args.num_speculative_tokens and args.prefill_chunk:
         raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
                           "follow an eager prefill; drop one of the two")
+
+
+def _idle_switches(args: argparse.Namespace) -> list[tuple[list[str], str]]:
+    """The switches given that change nothing here, grouped by the reason (each switch named once)."""
+    def given(*names: str) -> list[str]:
+        return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+
+    k = args.num_speculative_tokens
+    groups = [(given("draft_layers", "frozen_step_index") if k == 0 else [],
+               "without --num-speculative-tokens K: there is no drafter"),
+              ([f for n, f in _GRAPH_SWITCHES.items() if getattr(args, n) not in (None, False)] if args.mode == "none"
+               else [],
+               "under --mode none: it captures no graph (the run compares eager with eager)"),
+              (given("splitting_ops", "python_guards") if args.piecewise_flavor == "breakable" else [],
+               "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention"),
+              (given("frozen_step_index") if k == 1 else [], "with one speculative token: no draft decode step")]
+    named: set[str] = set()
+    idle = []
+    for flags, why in groups:
+        flags = [f for f in flags if f not in named]
+        named.update(flags)
+        if flags:
+            idle.append((flags, why))
+    return idle
 
 
 def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:

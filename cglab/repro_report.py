@@ -35,6 +35,13 @@ def repro_verdict(result: ReproResult) -> str:
     return "NO GRAPH REPLAYED (every step ran eagerly)" if no_graph_replayed(result) else "matches eager"
 
 
+def legacy_switch_idle(result: ReproResult) -> bool:
+    """Whether ``--legacy-skip-attn`` changed nothing: the policy, as lowered, captured no PIECEWISE graph
+    (known once the runner resolved it; ``--mode none`` is warned about before the run)."""
+    return (result.legacy_skip_attn and result.mode != "none"
+            and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes())
+
+
 def no_graph_replayed(result: ReproResult) -> bool:
     """A graph mode that ran every step eagerly compared eager with eager: no result about graphs."""
     return result.mode != "none" and result.error is None and not result.replayed_graphs
@@ -47,8 +54,6 @@ def print_repro(result: ReproResult, *, python_guards: bool = False, frozen_step
         print("  (backend 'sim' is the CPU simulator of CUDA graphs: faithful semantics, no GPU speed-up)")
     if result.cudagraph_mode_note:
         print(f"  {result.cudagraph_mode_note}")
-    if result.legacy_skip_attn and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes():
-        print(f"  {LEGACY_NOTE}")
     print(f"  captured sizes: {result.captured_sizes or 'none'}")
     if result.error:
         print(f"  ERROR: {result.error}")

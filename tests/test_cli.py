@@ -120,10 +120,8 @@ def test_spec_decode_captures_sizes_as_model_runner_v2(capsys: pytest.CaptureFix
     (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
     (["--num-speculative-tokens", "17"], "is above 16"),
     (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
-    (["--frozen-step-index"], "add --num-speculative-tokens"),
     (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
-], ids=["negative", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches",
-        "drafter-option-alone", "with-chunked-prefill"])
+], ids=["negative", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches", "with-chunked-prefill"])
 def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                          fix: str) -> None:
     started = time.monotonic()
@@ -133,31 +131,64 @@ def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFi
     assert len(err.splitlines()) == 1 and fix in err, err
 
 
-# -- switches that would change nothing ------------------------------------------------------------------
+# -- switches that would change nothing: one warning line each on stderr, and the run goes on ------------------
 
-GRAPH_SWITCHES = [["--legacy-skip-attn", "--check"], ["--piecewise-flavor", "breakable"],
+GRAPH_SWITCHES = [["--legacy-skip-attn", "--check"], ["--piecewise-flavor", "compiled"],
                   ["--splitting-ops", "cglab::unified_attention"], ["--capture-sizes", "1,2"], ["--strict-layers"],
                   ["--python-guards"], ["--pre-49751-dummy-split"], ["--uniform-decode-by-shape"],
                   ["--num-speculative-tokens", "2", "--frozen-step-index"]]
+NONE_WHY = "under --mode none: it captures no graph (the run compares eager with eager)"
+
+
+def _warnings(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    """Run ``repro`` (it must complete, exit 0) and return its stderr lines."""
+    assert main(["repro", "--steps", "2", "--batch-sizes", "1,2", *argv]) == 0
+    captured = capsys.readouterr()
+    assert " -> " in captured.out  # the run went on to its verdict
+    return captured.err.splitlines()
 
 
 @pytest.mark.parametrize("switch", GRAPH_SWITCHES, ids=lambda argv: argv[0] if len(argv) < 3 else argv[-1])
-def test_graph_switches_under_mode_none_exit_2_with_one_line(capsys: pytest.CaptureFixture[str],
-                                                             switch: list[str]) -> None:
-    started = time.monotonic()
-    assert main(["repro", "--mode", "none", *switch]) == 2
-    assert time.monotonic() - started < 5  # before any work
-    captured = capsys.readouterr()
-    flag = next(a for a in switch if a not in ("--check", "--num-speculative-tokens", "2"))
-    lines = captured.err.splitlines()
-    assert captured.out == "" and len(lines) == 1, captured
-    assert (f"--mode none captures no graph, so {flag} would change nothing (the run compares eager with eager): "
-            "drop it, or choose a graph mode such as --mode piecewise") in lines[0]
+def test_graph_switches_under_mode_none_warn_and_run(capsys: pytest.CaptureFixture[str], switch: list[str]) -> None:
+    """Scripted sweeps pass the same switches to every mode: under none they do nothing, and say so once."""
+    flag = next(a for a in switch if a not in ("--check", "--num-speculative-tokens", "2", "compiled", "1,2")
+                and not a.startswith("cglab::"))
+    assert _warnings(capsys, "--mode", "none", *switch) == [
+        f"python -m cglab repro: warning: {flag} changes nothing {NONE_WHY}"]
 
 
-def test_every_graph_switch_under_mode_none_is_named(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["repro", "--mode", "none", "--legacy-skip-attn", "--strict-layers"]) == 2
-    assert "so --legacy-skip-attn and --strict-layers would change nothing" in capsys.readouterr().err
+def test_every_graph_switch_under_mode_none_is_named_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _warnings(capsys, "--mode", "none", "--legacy-skip-attn", "--strict-layers", "--capture-sizes", "1") == [
+        f"python -m cglab repro: warning: --legacy-skip-attn and --capture-sizes and --strict-layers change nothing "
+        f"{NONE_WHY}"]
+
+
+IDLE = "python -m cglab repro: warning: "
+BREAKABLE_WHY = "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention"
+
+
+@pytest.mark.parametrize(("argv", "warnings"), [
+    (["--piecewise-flavor", "breakable", "--splitting-ops", "cglab::unified_attention", "--python-guards"],
+     [f"{IDLE}--splitting-ops and --python-guards change nothing {BREAKABLE_WHY}"]),
+    (["--mode", "full", "--piecewise-flavor", "breakable", "--splitting-ops", "cglab::unified_attention"],
+     [f"{IDLE}--splitting-ops changes nothing {BREAKABLE_WHY}"]),
+    (["--num-speculative-tokens", "1", "--frozen-step-index", "--layers", "attn,attn"],
+     [f"{IDLE}--frozen-step-index changes nothing with one speculative token: no draft decode step"]),
+    (["--frozen-step-index", "--draft-layers", "sconv,attn"],
+     [f"{IDLE}--draft-layers and --frozen-step-index change nothing without --num-speculative-tokens K: there is no "
+      "drafter"]),
+    (["--mode", "none", "--frozen-step-index", "--strict-layers"],
+     [f"{IDLE}--frozen-step-index changes nothing without --num-speculative-tokens K: there is no drafter",
+      f"{IDLE}--strict-layers changes nothing {NONE_WHY}"]),
+    # Switches that do something here: not a word.
+    (["--splitting-ops", "cglab::unified_attention,cglab::short_conv", "--python-guards"], []),
+    (["--mode", "full", "--piecewise-flavor", "compiled", "--capture-sizes", "1,2"], []),
+    (["--num-speculative-tokens", "2", "--frozen-step-index", "--layers", "attn,attn", "--draft-layers", "attn"], []),
+], ids=["breakable-compiles-nothing", "breakable-under-full", "one-draft", "no-drafter", "none-and-no-drafter",
+        "compiled-splitting-ops", "full-compiled", "drafter-switches"])
+def test_a_switch_that_does_nothing_here_is_one_warning_line(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                            warnings: list[str]) -> None:
+    assert _warnings(capsys, *argv) == warnings
 
 
 def test_mode_none_still_runs_with_check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,20 +196,20 @@ def test_mode_none_still_runs_with_check(capsys: pytest.CaptureFixture[str]) -> 
     assert "matches eager" in capsys.readouterr().out
 
 
-NOTE = ("  --legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
-        "capture metadata before the fix too")
+NOTE = (f"{IDLE}--legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs "
+        "got capture metadata before the fix too")
 
 
-def test_the_legacy_switch_under_full_is_noted(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("output", [["--json"], []], ids=["json", "human"])
+def test_the_legacy_switch_under_full_is_a_warning(capsys: pytest.CaptureFixture[str], output: list[str]) -> None:
     """Accepted (notebook 00's first exercise runs it, to show that FULL never had the bug), and said."""
-    assert main(["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--legacy-skip-attn", "--steps", "2"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert NOTE in out and out[-1].endswith("-> matches eager")
+    argv = ["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--legacy-skip-attn", "--steps", "2", *output]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == [NOTE]
     # FULL lowered to FULL_AND_PIECEWISE (linear_attn's builder): PIECEWISE graphs, where the switch matters.
-    assert main(["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--legacy-skip-attn", "--steps", "2",
-                 "--layers", "linear_attn,attn"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert "lowered to FULL_AND_PIECEWISE" in out[2] and NOTE not in out
+    assert main([*argv, "--layers", "linear_attn,attn"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and ("lowered to FULL_AND_PIECEWISE" in captured.out) is not bool(output)
 
 
 # -- arguments are checked before torch is imported ------------------------------------------------------
@@ -198,7 +229,8 @@ BAD_ARGUMENTS = {
     "mode": (["repro", "--mode", "bogus"], f"argument --mode: invalid choice: 'bogus' (choose from {MODES})"),
     "device": (["repro", "--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', 'cuda')"),
     "sizes": (["repro", "--batch-sizes", "1,,2"], "'1,,2' has an empty item"),
-    "switch-under-none": (["repro", "--mode", "none", "--strict-layers"], "so --strict-layers would change nothing"),
+    "empty-draft-layers": (["repro", "--num-speculative-tokens", "2", "--draft-layers", ""],
+                           "argument --draft-layers: expected comma-separated names from attn, sconv, compressor"),
     "bench-mode": (["bench", "--out", "x", "--modes", "fast"], "expected comma-separated names from none, piecewise"),
     "startup-policy": (["startup", "--out", "x", "--policies", "full_decode_only"],
                        "expected comma-separated names from piecewise, full, full_and_piecewise"),
