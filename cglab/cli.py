@@ -169,7 +169,7 @@ def _run_repro(args: argparse.Namespace) -> int:
                                     draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
                                     frozen_step_index=args.frozen_step_index, progress=progress, **common)
     if legacy_switch_idle(result):
-        print(f"{PROG} repro: warning: {LEGACY_NOTE}", file=sys.stderr)
+        _warn(LEGACY_NOTE)
     # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
     no_graphs = no_graph_replayed(result)
     failed = result.diverged or result.lost_acceptance or result.error or no_graphs
@@ -209,13 +209,18 @@ def _check_repro_switches(args: argparse.Namespace) -> None:
     """Before any work: refuse switches that contradict each other; for switches that would change nothing
     in the chosen mode, one warning line on stderr each (``_idle_switches``), and the run goes on."""
     for flags, why in _idle_switches(args):
-        print(f"{PROG} repro: warning: {' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}",
-              file=sys.stderr)
+        _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
     if args.piecewise_flavor == "breakable":
         args.splitting_ops = None  # the engine refuses splitting ops for a split it does not make
     if args.num_speculative_tokens and args.prefill_chunk:
         raise ConfigError("--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
                           "follow an eager prefill; drop one of the two")
+
+
+def _warn(text: str) -> None:
+    """One warning line on stderr, after what stdout holds so far: a notebook shows the two in order."""
+    sys.stdout.flush()
+    print(f"{PROG} repro: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _idle_switches(args: argparse.Namespace) -> list[tuple[list[str], str]]:
