@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import threading
 import time
 
@@ -29,7 +31,7 @@ from cglab.lab.draw import (
     draw_padding,
 )
 from cglab.lab.draw_support import draw_capture_support
-from cglab.lab.interactive import interactive
+from cglab.lab.interactive import STILL_LINE, interactive, still_html
 from cglab.lab.widgets import (
     MULTI_SELECT_HINT,
     cached_repro,
@@ -214,6 +216,19 @@ def test_interactive_wrappers_build_widgets(bench_result):
         assert isinstance(widget, ipywidgets.VBox)
         row, _, _ = _parts(widget)
         assert row.children
+
+
+def test_an_explorer_displays_its_still_beside_the_widget(bench_result):
+    """Where JupyterLab will not draw the widget (an untrusted notebook), it shows the bundle's HTML: one
+    line saying to run the cell above the latest figure, a PNG; text-only viewers get the line."""
+    for widget in (interactive_decode_explorer(), interactive_latency_explorer(bench_result)):
+        bundle = widget._repr_mimebundle_()
+        assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
+        assert bundle["text/plain"] == STILL_LINE
+        line, image = re.fullmatch(r'<p><b>(.*)</b></p><img src="data:image/png;base64,([^"]+)" alt="[^"]+">',
+                                   bundle["text/html"]).groups()
+        assert line == STILL_LINE and base64.b64decode(image).startswith(b"\x89PNG")
+    assert still_html(None) == f"<p><b>{STILL_LINE}</b></p>"  # a first draw that raised: the line alone
 
 
 def test_divergence_widget_offers_the_flavor_the_policy_and_chunked_prefill():
