@@ -87,8 +87,20 @@ def test_divergence_explorer_titles_its_verdict():
                                        "DIVERGED from eager, and nothing raised"
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["PIECEWISE compiled legacy",
                                                                                 "PIECEWISE compiled fixed"]
-    fig = divergence_explorer("full", legacy=False, steps=4)
-    assert fig._suptitle.get_text().endswith("FULL fixed -> matches eager")
+
+def test_the_explorer_names_only_the_switches_that_act_in_its_mode():
+    """Under FULL the flavor, legacy and strict switches are off: one run, named by its mode alone."""
+    fig = divergence_explorer("full", legacy=True, strict=True, flavor="breakable", steps=4)
+    assert fig._suptitle.get_text() == "sconv,attn,compressor,attn: FULL -> matches eager"
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["FULL", "tolerance (rounding)"]
+    assert divergence_notes("none", legacy=True, strict=True, steps=3) == ["NONE: steps by mode: eager 3"]
+    assert divergence_notes("full_decode_only", legacy=True, steps=3) == ["FULL_DECODE_ONLY: steps by mode: FULL 3"]
+
+
+def test_the_step_axis_has_whole_steps_only():
+    fig = divergence_explorer("none", chunked_prefill=True)  # 20 steps: matplotlib would tick 2.5, 5.0, ...
+    fig.canvas.draw()
+    assert all(t.get_text().isdigit() for t in fig.axes[0].get_xticklabels())
 
 
 def test_divergence_explorer_takes_the_flavor():
@@ -238,7 +250,8 @@ def test_divergence_widget_offers_the_flavor_the_policy_and_chunked_prefill():
     flavor, mode, chunked = controls["flavor"], controls["mode"], controls["chunked prefill"]
     assert isinstance(flavor, ipywidgets.Dropdown)
     assert list(flavor.options) == ["compiled", "breakable"] and flavor.value == "compiled"
-    assert list(mode.options) == ["piecewise", "full_and_piecewise", "full", "none"] and mode.value == "piecewise"
+    assert list(mode.options) == ["piecewise", "full_and_piecewise", "full_decode_only", "full", "none"]
+    assert mode.value == "piecewise"
     assert isinstance(chunked, ipywidgets.Checkbox) and chunked.value is False
 
 
@@ -247,8 +260,9 @@ CONTROL_STATES = {
     "piecewise": ((), ""),
     "full_and_piecewise": ((), ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked "
                                 "prefill) PIECEWISE ones")),
-    "full": (("flavor", "legacy", "strict"), (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got "
-                                              "capture metadata before the fix too")),
+    **{mode: (("flavor", "legacy", "strict"), (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got "
+                                               "capture metadata before the fix too"))
+       for mode in ("full_decode_only", "full")},
     "none": (("flavor", "legacy", "strict"), f"{_OFF}: NONE captures no graph (eager against eager)"),
 }
 
@@ -261,7 +275,7 @@ def test_divergence_controls_that_do_nothing_in_the_mode_are_disabled(mode: str)
 def test_the_disabled_switches_really_change_nothing_in_their_modes():
     """What justifies disabling them: under FULL and NONE every flavor, legacy and strict setting runs the
     very same steps, with the very same differences from eager."""
-    for mode in ("full", "none"):
+    for mode in ("full_decode_only", "full", "none"):
         runs = {(flavor, legacy, strict): cached_repro(mode, piecewise_flavor=flavor, legacy_skip_attn=legacy,
                                                        strict_layers=strict, steps=3)
                 for flavor in ("compiled", "breakable") for legacy in (False, True) for strict in (False, True)}
@@ -279,7 +293,7 @@ def test_the_divergence_widget_disables_its_switches_as_the_mode_changes(capsys)
     controls = _controls(widget)
     _, (status,), _ = _parts(widget)
     names = {"flavor": "flavor", "legacy": "legacy skip_attn", "strict": "strict layers"}
-    for mode in ("full", "none", "full_and_piecewise", "piecewise"):
+    for mode in ("full", "full_decode_only", "none", "full_and_piecewise", "piecewise"):
         controls["mode"].value = mode
         disabled, why = CONTROL_STATES[mode]
         assert {d for d, c in controls.items() if c.disabled} == {names[n] for n in disabled}, mode
@@ -349,6 +363,7 @@ def test_latency_widget_says_how_to_pick_several(bench_result, capsys):
     assert "Ctrl-click" in MULTI_SELECT_HINT and "Shift-click" in MULTI_SELECT_HINT
     controls = _controls(widget)
     assert [c.tooltip for c in controls.values()] == [MULTI_SELECT_HINT] * 2
+    assert [c.rows for c in controls.values()] == [len(c.options) for c in controls.values()]  # none hidden
     controls["modes"].value = ()
     assert "Figure(700x40)" in capsys.readouterr().out  # the one-line message, not the 700x450 plot
 

@@ -21,7 +21,7 @@ __all__ = ["CHUNKED_STEPS", "DIVERGENCE_MODES", "LAYER_MIXES", "PREFILL_CHUNK", 
            "verdict", "verdict_table"]
 
 LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "attn,attn")
-DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full", "none")
+DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full_decode_only", "full", "none")
 DECODE_STEPS = 16
 # Chunked prefill as notebook 04 runs it: prompts enter 4 tokens a step beside the running decodes, and
 # 20 steps take every prompt in, so nearly every step is a mixed batch.
@@ -81,7 +81,9 @@ def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
 def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
                      strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
                      device: str = "cpu", steps: int | None = None) -> dict[str, ReproResult]:
-    """The chosen case and, when it is the legacy path, the fixed path beside it, by label."""
+    """The chosen case and, when it is the legacy path, the fixed path beside it, by label; where the mode
+    leaves the flavor, legacy and strict switches off (``divergence_control_state``), the one run the
+    mode makes, labelled by the mode alone."""
     if not isinstance(chunked_prefill, bool):
         raise ConfigError(f"chunked_prefill must be True (prompts {PREFILL_CHUNK} tokens a step, mixed with "
                           f"decodes) or False (prompts prefilled first, then plain decode), got {chunked_prefill!r}")
@@ -89,6 +91,9 @@ def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str =
         steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
     options = {"piecewise_flavor": flavor, "layers": layers, "strict_layers": strict, "steps": steps,
                "prefill_chunk": PREFILL_CHUNK if chunked_prefill else 0, "device": device}
+    if divergence_control_state({"mode": mode})[0]:  # the switches change nothing here: one run, no switch named
+        options |= {"piecewise_flavor": "compiled", "strict_layers": False}
+        return {CUDAGraphMode.parse(mode).name: cached_repro(mode, legacy_skip_attn=False, **options)}
     label = f"{case_label(mode, legacy, flavor)}{' strict' if strict else ''}"
     runs = {label: cached_repro(mode, legacy_skip_attn=legacy, **options)}
     if legacy:

@@ -14,6 +14,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
 from cglab import __version__
@@ -320,6 +321,7 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
     steps_ax.set_ylim(floor / 2, ceiling)
     steps_ax.set_xlabel("decode step")
+    steps_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 2.5
     steps_ax.set_ylabel("max |replay - eager| (logits)")
     # Above the panels, not over the lines: the right panel uses the same colours.
     steps_ax.legend(fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0),
