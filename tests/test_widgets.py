@@ -133,9 +133,19 @@ def test_verdicts_and_table():
     assert verdict(run_repro("piecewise", steps=4)) == "matches eager"
     table = verdict_table(["sconv,attn", "attn"], [("piecewise", True), ("piecewise", True, "breakable"),
                                                    ("full", True)], steps=4)
-    assert _table_cells(table) == [["", "PIECEWISE", "PIECEWISE", "FULL"],
-                                   ["", "compiled legacy", "breakable legacy", "legacy"],
-                                   ["sconv,attn", "DIVERGED", "ok", "ok"], ["attn", "ok", "ok", "ok"]]
+    assert _table_cells(table) == [["", "sconv,attn", "attn"], ["PIECEWISE compiled legacy", "DIVERGED", "ok"],
+                                   ["PIECEWISE breakable legacy", "ok", "ok"], ["FULL legacy", "ok", "ok"]]
+
+
+def test_verdict_table_wraps_long_layer_mixes_to_stay_narrow():
+    """Notebook 04's widest table, its cases as rows: under the 107 characters of a notebook's output area
+    beside JupyterLab's file browser at 1280 pixels; the four-layer mix wraps after a comma."""
+    cases = [("full_and_piecewise", True, "compiled"), ("full_and_piecewise", True, "breakable"),
+             ("full_and_piecewise", False, "compiled"), ("full", True), ("full_decode_only", True)]
+    table = verdict_table(divergence.LAYER_MIXES, cases, steps=2)
+    assert _table_cells(table)[:2] == [["", "sconv,attn,", "sconv,attn", "compressor,attn", "attn,attn"],
+                                       ["", "compressor,attn", "", "", ""]]
+    assert max(map(len, table.splitlines())) <= 100
 
 
 def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch):
@@ -158,7 +168,7 @@ def test_verdict_table_passes_options_and_marks_failed_captures():
     """The revert in one row: the split before #49751 fails compiled capture under the fix, not under legacy."""
     table = verdict_table(["attn,attn"], [("piecewise", False), ("piecewise", True), ("full", False)], steps=3,
                           pre_49751_dummy_split=True, max_num_reqs=64, capture_sizes=(8, 127))
-    assert _table_cells(table)[2] == ["attn,attn", "FAILED", "ok", "ok"]
+    assert [row[1] for row in _table_cells(table)[1:]] == ["FAILED", "ok", "ok"]
     with pytest.raises(ConfigError, match=r"a verdict_table case is \(mode, legacy\)"):
         verdict_table(["attn"], [("piecewise",)], steps=2)
 
@@ -435,8 +445,8 @@ def test_a_change_during_a_redraw_is_coalesced_into_the_newest_value(capsys):
 _DISPATCHER = CudagraphDispatcher(CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)
 HELPER_CASES = {
     "verdict_table with no layer mix": (lambda: verdict_table([], [("piecewise", True)]), "a list of layer patterns"),
-    "verdict_table with one string": (lambda: verdict_table("attn", [("piecewise", True)]), "one per row"),
-    "verdict_table with no case": (lambda: verdict_table(["attn"], []), "a list of cases, one per column"),
+    "verdict_table with one string": (lambda: verdict_table("attn", [("piecewise", True)]), "one per column"),
+    "verdict_table with no case": (lambda: verdict_table(["attn"], []), "a list of cases, one per row"),
     "cached_repro with a set": (lambda: cached_repro(batch_sizes={1, 2}), "cannot remember batch_sizes={1, 2}"),
     "cached_repro with a dict": (lambda: cached_repro(hidden_size={"a": 1}), "give it as a list or tuple"),
     "decode_explorer with a float step": (lambda: decode_explorer(step=2.5), "a whole number from 0 to 39"),
