@@ -10,14 +10,16 @@ opened twice, with no kernel and with one. A third case: a notebook run and save
 (signed in the notary database, its explorer naming a widget the saved state lacks) must show the still
 too, since `make lab` and the test server keep signatures for one server only (Makefile's LAB_TRUST).
 
-Tables and printed source (cells calling ``verdict_table``, ``describe_dispatch`` or
-``inspect.getsource``) must fit the output area without a wrapped line. The area's width, in pixels and
-characters, goes to ``build/e2e/fresh.txt``, and a screenshot of each explorer to ``build/e2e/fresh/``.
+Tables and printed source must fit the output area: no table row (a line with " | " or "-+-") of a
+cell calling ``verdict_table`` or ``describe_dispatch``, and no line printed by ``inspect.getsource``,
+may be wider than the area, measured as rendered. The area's width, in pixels and characters, goes to
+``build/e2e/fresh.txt``, and a screenshot of each explorer to ``build/e2e/fresh/``.
 
 Run it with ``pytest -m e2e tests/test_e2e_fresh.py`` (Chromium needed, as for test_e2e_lab.py).
-Shown to fail once by hand: without the still (``_WithStill`` not mixed in, notebooks re-executed)
-02, 04 and 05 fail with "shows as text: VBox(children=..."; without ``TRUST_OPTIONS`` the signed
-notebook fails with "Error displaying widget: model not found".
+Shown to fail once by hand: with 02 as committed before the still, it fails with "cell 18 shows as
+text: VBox(children=..." (with and without a kernel) and its dispatch table's rows (184 characters);
+without ``TRUST_OPTIONS`` the signed notebook shows "Loading widget..." for good (no kernel; with one,
+JupyterLab says "Error displaying widget: model not found").
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ _WIDGETS = """(path) => {
   });
   return {kernel: kernel ? kernel.status : 'none', found};
 }""".replace("PANEL", _PANEL).replace("WIDGET_VIEW", WIDGET_VIEW).replace("STILL_LINE", STILL_LINE)
-# The output area's width, and every text output of a FITTING cell that wraps.
+# The output area's width, and every line of a FITTING cell's output wider than the area: each line
+# of printed source, and each table row (a line with " | " or "-+-"), measured as rendered unwrapped.
 _LAYOUT = """([path, fitting]) => {
   const panel = PANEL;
   const area = panel.content.node.querySelector('.jp-OutputArea-output');
@@ -113,10 +116,17 @@ _LAYOUT = """([path, fitting]) => {
   panel.content.widgets.forEach((cell, index) => {
     const source = cell.model.sharedModel.getSource();
     if (cell.model.type !== 'code' || !fitting.some(f => source.includes(f))) return;
+    const code = source.includes('getsource(');
     cell.outputArea.node.querySelectorAll('.jp-OutputArea-output pre').forEach(node => {
-      const lines = node.textContent.replace(/\\n$/, '').split('\\n');
-      const rows = Math.round(node.getBoundingClientRect().height / parseFloat(getComputedStyle(node).lineHeight));
-      if (rows > lines.length) wrapped.push({cell: index, widest: Math.max(...lines.map(l => l.length))});
+      const line = document.createElement('span');
+      line.style.whiteSpace = 'pre';
+      node.appendChild(line);
+      for (const text of node.textContent.split('\\n')) {
+        line.textContent = text;
+        if ((code || / \\| |-\\+-/.test(text)) && line.getBoundingClientRect().width > node.clientWidth)
+          wrapped.push({cell: index, characters: text.length, line: text.slice(0, 60)});
+      }
+      line.remove();
     });
   });
   return {areaPx: area.clientWidth, prePx: pre.clientWidth, chars: Math.floor(pre.clientWidth / charWidth),
@@ -222,9 +232,11 @@ def test_explorers_show_a_widget_or_their_still_never_text(fresh: dict[str, Any]
     assert len(fresh["widgets"]) == 2 * len(WITH_WIDGETS) + 1
     problems = []
     for key, state in fresh["widgets"].items():
-        path = key.split(" (")[0]
+        path = key.split(" (")[0].replace("signed/", "notebooks/")
         if len(state["found"]) != _views(ROOT / path):
             problems.append(f"{key}: {len(state['found'])} widget outputs shown, {_views(ROOT / path)} saved")
+        if (state["kernel"] == "none") != key.endswith("(no kernel)"):
+            problems.append(f"{key}: the kernel is {state['kernel']}")
         problems += [f"{key} cell {w['cell']} shows as text: {w['text']}" for w in state["found"] if w["shows"] == "text"]
     assert not problems, "\n".join(problems)
 
