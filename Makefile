@@ -67,10 +67,15 @@ setup: $(STAMP)
 # the same two server options as the browser tests' server (tests/lab_server.py) stop the fetches.
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/cglab.json
 LAB_QUIET := --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+# JupyterLab draws widgets only in outputs it trusts: a notebook it ran and saved itself (signed in a
+# database). Saved from one session, an explorer names widgets that the next session's kernel lacks:
+# "Error displaying widget: model not found". Kept in memory, the signatures last one server, so a notebook
+# from an earlier session, like one fresh from git, shows each explorer's still until its cell runs.
+LAB_TRUST := --NotebookNotary.db_file=:memory:
 lab: $(STAMP)
 	mkdir -p $(dir $(LAB_OVERRIDES)) && cp tools/jupyterlab_overrides.json $(LAB_OVERRIDES)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" \
-	  $(VENV)/bin/jupyter lab notebooks/ $(LAB_QUIET) $(if $(filter 0,$(shell id -u)),--allow-root)
+	  $(VENV)/bin/jupyter lab notebooks/ $(LAB_QUIET) $(LAB_TRUST) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ruff, configured in pyproject.toml. make test runs it first: it takes a second, and a dirty tree
 # fails the build before the long suites start.
@@ -96,7 +101,7 @@ test-e2e: $(STAMP)
 ifeq ($(CHROMIUM),)
 	@echo "SKIPPED the browser tests (JupyterLab, make html): no Chromium; install it (Debian: apt-get install chromium) or pass CHROMIUM=/path/to/chromium"
 else
-	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -m e2e tests/test_e2e_lab.py tests/test_e2e_html.py
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -m e2e tests/test_e2e_lab.py tests/test_e2e_fresh.py tests/test_e2e_html.py
 endif
 
 # On a GPU box: the unit tests (their cuda halves), every notebook executed on the GPU (not saved) and

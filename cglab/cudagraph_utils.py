@@ -46,53 +46,66 @@ def _prepare_dummy(num_reqs: int, num_tokens: int, input_buffers: InputBuffers,
     return input_batch, block_tables.get_dummy_block_tables(num_reqs), block_tables.get_dummy_slot_mappings(num_tokens)
 
 
-def prepare_inputs_to_capture(num_reqs: int, num_tokens: int, input_buffers: InputBuffers,
-                              block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
-                              full_cudagraph: bool) -> tuple[dict[str, Any], torch.Tensor]:
+# The three functions below are printed in notebooks 00b, 04 and 06: their lines stay within 100
+# characters, which a notebook's output area holds beside JupyterLab's file browser.
+def prepare_inputs_to_capture(
+        num_reqs: int, num_tokens: int, input_buffers: InputBuffers, block_tables: BlockTables,
+        attn_groups: Sequence[AttentionGroup], full_cudagraph: bool,
+) -> tuple[dict[str, Any], torch.Tensor]:
     """Inputs and metadata for capturing one graph (the fixed version, vLLM PR #49364).
 
-    Metadata is always built. FULL graphs get capture-safe metadata (``for_capture=True``). PIECEWISE
-    graphs get ordinary metadata (``for_capture=False``): attention runs for real on this dummy batch
-    at its eager break, where a builder may be unable to build capture metadata for a prefill-shaped
-    batch, and attention-like ops inside the segments (sconv, the compressor) need metadata to record
-    their work at all. Fragile: those ops keep reading the *storage* of this metadata at every replay,
-    so ordinary builders must write into persistent buffers.
+    Metadata is always built. FULL graphs get capture-safe metadata (``for_capture=True``).
+    PIECEWISE graphs get ordinary metadata (``for_capture=False``): attention runs for real on
+    this dummy batch at its eager break, where a builder may be unable to build capture metadata
+    for a prefill-shaped batch, and attention-like ops inside the segments (sconv, the compressor)
+    need metadata to record their work at all. Fragile: those ops keep reading the *storage* of
+    this metadata at every replay, so ordinary builders must write into persistent buffers.
     """
-    input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
-    attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=full_cudagraph)
+    input_batch, block_table, slot_mapping = _prepare_dummy(
+        num_reqs, num_tokens, input_buffers, block_tables)
+    attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups,
+                                 for_capture=full_cudagraph)
     return attn_metadata, slot_mapping
 
 
-def prepare_inputs_to_capture_legacy(num_reqs: int, num_tokens: int, input_buffers: InputBuffers,
-                                     block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
-                                     skip_attn: bool) -> tuple[dict[str, Any] | None, torch.Tensor]:
+def prepare_inputs_to_capture_legacy(
+        num_reqs: int, num_tokens: int, input_buffers: InputBuffers, block_tables: BlockTables,
+        attn_groups: Sequence[AttentionGroup], skip_attn: bool,
+) -> tuple[dict[str, Any] | None, torch.Tensor]:
     """The version *before* the fix, kept to reproduce the bug. Do not use it for anything else.
 
-    With ``skip_attn=True`` (what compiled PIECEWISE capture passed) no metadata is built. Attention
-    does not care: it is a splitting op, runs eagerly at replay and reads live metadata. But guarded
-    ops inside the pieces see ``None``, take their profiling branch, and the piece records a no-op.
-    Otherwise (FULL, breakable PIECEWISE) metadata is built capture-safe, ``for_capture=True``.
+    With ``skip_attn=True`` (what compiled PIECEWISE capture passed) no metadata is built.
+    Attention does not care: it is a splitting op, runs eagerly at replay and reads live metadata.
+    But guarded ops inside the pieces see ``None``, take their profiling branch, and the piece
+    records a no-op. Otherwise (FULL, breakable PIECEWISE) metadata is built capture-safe,
+    ``for_capture=True``.
     """
-    input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
+    input_batch, block_table, slot_mapping = _prepare_dummy(
+        num_reqs, num_tokens, input_buffers, block_tables)
     attn_metadata = None
     if not skip_attn:
-        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=True)
+        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups,
+                                     for_capture=True)
     return attn_metadata, slot_mapping
 
 
-def prepare_capture_metadata(desc: BatchExecutionDescriptor, num_reqs: int, input_buffers: InputBuffers,
-                             block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
-                             compilation_config: CompilationConfig) -> dict[str, Any] | None:
-    """The metadata ``desc``'s graph is captured with: the fixed path, or with ``legacy_skip_attn`` the
-    code from before the fix. The target model and the speculative drafter both call this, because
-    vLLM PR #49364 changed both call sites the same way."""
+def prepare_capture_metadata(
+        desc: BatchExecutionDescriptor, num_reqs: int, input_buffers: InputBuffers,
+        block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
+        compilation_config: CompilationConfig,
+) -> dict[str, Any] | None:
+    """The metadata ``desc``'s graph is captured with: the fixed path, or with ``legacy_skip_attn``
+    the code from before the fix. The target model and the speculative drafter both call this,
+    because vLLM PR #49364 changed both call sites the same way."""
     args = (num_reqs, desc.num_tokens, input_buffers, block_tables, attn_groups)
     piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
     if not compilation_config.legacy_skip_attn:
-        return prepare_inputs_to_capture(*args, full_cudagraph=desc.cg_mode is CUDAGraphMode.FULL)[0]
+        full_cudagraph = desc.cg_mode is CUDAGraphMode.FULL
+        return prepare_inputs_to_capture(*args, full_cudagraph=full_cudagraph)[0]
     # The old, buggy path: compiled PIECEWISE capture built no metadata.
     use_breakable_cg = compilation_config.use_breakable_cg
-    attn_metadata, _ = prepare_inputs_to_capture_legacy(*args, skip_attn=piecewise and not use_breakable_cg)
+    skip_attn = piecewise and not use_breakable_cg
+    attn_metadata, _ = prepare_inputs_to_capture_legacy(*args, skip_attn=skip_attn)
     if piecewise:  # the assert that stood in vLLM's capture code before the fix
         assert (attn_metadata is not None) == use_breakable_cg
     return attn_metadata

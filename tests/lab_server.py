@@ -1,8 +1,8 @@
 """A JupyterLab server for the browser tests: loopback only, a free port, a token, its own settings.
 
 ``LabServer(root)`` runs ``jupyter lab`` from the test's Python on 127.0.0.1 with configuration,
-settings, workspaces and runtime files in a folder of its own, so the machine's Jupyter setup (a
-disabled extension, a saved layout) cannot change what the test sees. Every cell is attached to the
+data (notebook signatures), settings, workspaces and runtime files in a folder of its own, so the
+machine's Jupyter setup (a disabled extension, a saved layout) cannot change what the test sees. Every cell is attached to the
 page (no windowing), so a widget far down a notebook is rendered like the first one; autosave is off,
 so the run never writes a notebook. ``disabled_extensions`` switches lab extensions off, which is how
 the tests show that a missing widget manager is caught. ``stop`` shuts down the kernels and the
@@ -38,6 +38,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
 }
+# As `make lab` (its LAB_TRUST says why): notebook signatures last one server, so a notebook signed
+# earlier (``data_dir``'s database) opens untrusted, its explorers as stills.
+TRUST_OPTIONS = ("--NotebookNotary.db_file=:memory:",)
 START_TIMEOUT_S = 60.0
 # A race in jupyter_server (2.21): a starting kernel is listed one event-loop turn before its
 # last_activity is set, and GET /api/kernels in that turn fails with 500 and this error in the log.
@@ -73,7 +76,7 @@ class LabServer:
 
     def _write_config(self) -> dict[str, str]:
         """The config folders the server reads, filled in; returns the environment naming them."""
-        dirs = {name: self.home / name for name in ("config", "settings", "workspaces", "runtime")}
+        dirs = {name: self.home / name for name in ("config", "data", "settings", "workspaces", "runtime")}
         for folder in dirs.values():
             folder.mkdir(parents=True, exist_ok=True)
         for plugin, values in SETTINGS.items():
@@ -85,7 +88,8 @@ class LabServer:
             (dirs["config"] / "labconfig").mkdir(exist_ok=True)
             page_config = {"disabledExtensions": {name: True for name in self.disabled_extensions}}
             (dirs["config"] / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
-        return {"JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+        return {"JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_DATA_DIR": str(dirs["data"]),
+                "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
                 "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"])}
 
     def start(self) -> None:
@@ -99,7 +103,7 @@ class LabServer:
                    f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
                    "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
                    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                   "--LabApp.extension_manager=readonly"]
+                   "--LabApp.extension_manager=readonly", *TRUST_OPTIONS]
         if os.geteuid() == 0:
             command.append("--allow-root")  # containers run as root, where Jupyter refuses without it
         with open(self.log, "wb") as log:

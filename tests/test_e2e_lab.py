@@ -21,7 +21,7 @@ How it was shown to fail (once, by hand; the self-tests at the end check the fir
 on tiny notebooks of their own):
 - the widget manager disabled (what ``jupyter labextension disable @jupyter-widgets/jupyterlab-manager``
   does; here the server's ``disabledExtensions``): notebooks 02, 04 and 05 fail with "cell N (...)
-  shows a widget as text: VBox(children=...)";
+  shows a widget as text: Run this cell to get the controls." (the explorer's still);
 - a cell raising an error (``1 / 0`` inserted untagged into notebook 03): 03 fails with "cell 6
   (1 / 0) raised ZeroDivisionError" and "cells 7, 9, ... never ran";
 - an explorer that drops a change arriving right after a draw (a rate limit in ``_Redraw.request``):
@@ -45,6 +45,8 @@ import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
 from lab_notebook import LabTab, NotebookRun
 from lab_server import LabServer, excuse_kernel_list_races
+
+from cglab.lab.interactive import STILL_LINE
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
 
@@ -269,7 +271,7 @@ def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, An
     assert (run.problems, run.widgets, run.explorers) == ([], 3, 2) and run.control_moves > 0
     problems = lab_runs[SELFTEST_WITHOUT_WIDGETS].problems
     assert problems and all(" shows a widget as text: " in p or "console error" in p for p in problems), problems
-    assert any(p.startswith("cell 1 (interactive_decode_explorer()) shows a widget as text: VBox(children=")
+    assert any(p.startswith(f"cell 1 (interactive_decode_explorer()) shows a widget as text: {STILL_LINE}")
                for p in problems), problems
 
 

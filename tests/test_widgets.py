@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import threading
 import time
 
@@ -29,7 +31,7 @@ from cglab.lab.draw import (
     draw_padding,
 )
 from cglab.lab.draw_support import draw_capture_support
-from cglab.lab.interactive import interactive
+from cglab.lab.interactive import STILL_LINE, interactive, still_html
 from cglab.lab.widgets import (
     MULTI_SELECT_HINT,
     cached_repro,
@@ -85,8 +87,20 @@ def test_divergence_explorer_titles_its_verdict():
                                        "DIVERGED from eager, and nothing raised"
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["PIECEWISE compiled legacy",
                                                                                 "PIECEWISE compiled fixed"]
-    fig = divergence_explorer("full", legacy=False, steps=4)
-    assert fig._suptitle.get_text().endswith("FULL fixed -> matches eager")
+
+def test_the_explorer_names_only_the_switches_that_act_in_its_mode():
+    """Under FULL the flavor, legacy and strict switches are off: one run, named by its mode alone."""
+    fig = divergence_explorer("full", legacy=True, strict=True, flavor="breakable", steps=4)
+    assert fig._suptitle.get_text() == "sconv,attn,compressor,attn: FULL -> matches eager"
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["FULL", "tolerance (rounding)"]
+    assert divergence_notes("none", legacy=True, strict=True, steps=3) == ["NONE: steps by mode: eager 3"]
+    assert divergence_notes("full_decode_only", legacy=True, steps=3) == ["FULL_DECODE_ONLY: steps by mode: FULL 3"]
+
+
+def test_the_step_axis_has_whole_steps_only():
+    fig = divergence_explorer("none", chunked_prefill=True)  # 20 steps: matplotlib would tick 2.5, 5.0, ...
+    fig.canvas.draw()
+    assert all(t.get_text().isdigit() for t in fig.axes[0].get_xticklabels())
 
 
 def test_divergence_explorer_takes_the_flavor():
@@ -119,9 +133,19 @@ def test_verdicts_and_table():
     assert verdict(run_repro("piecewise", steps=4)) == "matches eager"
     table = verdict_table(["sconv,attn", "attn"], [("piecewise", True), ("piecewise", True, "breakable"),
                                                    ("full", True)], steps=4)
-    assert _table_cells(table) == [["", "PIECEWISE", "PIECEWISE", "FULL"],
-                                   ["", "compiled legacy", "breakable legacy", "legacy"],
-                                   ["sconv,attn", "DIVERGED", "ok", "ok"], ["attn", "ok", "ok", "ok"]]
+    assert _table_cells(table) == [["", "sconv,attn", "attn"], ["PIECEWISE compiled legacy", "DIVERGED", "ok"],
+                                   ["PIECEWISE breakable legacy", "ok", "ok"], ["FULL legacy", "ok", "ok"]]
+
+
+def test_verdict_table_wraps_long_layer_mixes_to_stay_narrow():
+    """Notebook 04's widest table, its cases as rows: under the 107 characters of a notebook's output area
+    beside JupyterLab's file browser at 1280 pixels; the four-layer mix wraps after a comma."""
+    cases = [("full_and_piecewise", True, "compiled"), ("full_and_piecewise", True, "breakable"),
+             ("full_and_piecewise", False, "compiled"), ("full", True), ("full_decode_only", True)]
+    table = verdict_table(divergence.LAYER_MIXES, cases, steps=2)
+    assert _table_cells(table)[:2] == [["", "sconv,attn,", "sconv,attn", "compressor,attn", "attn,attn"],
+                                       ["", "compressor,attn", "", "", ""]]
+    assert max(map(len, table.splitlines())) <= 100
 
 
 def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch):
@@ -144,7 +168,7 @@ def test_verdict_table_passes_options_and_marks_failed_captures():
     """The revert in one row: the split before #49751 fails compiled capture under the fix, not under legacy."""
     table = verdict_table(["attn,attn"], [("piecewise", False), ("piecewise", True), ("full", False)], steps=3,
                           pre_49751_dummy_split=True, max_num_reqs=64, capture_sizes=(8, 127))
-    assert _table_cells(table)[2] == ["attn,attn", "FAILED", "ok", "ok"]
+    assert [row[1] for row in _table_cells(table)[1:]] == ["FAILED", "ok", "ok"]
     with pytest.raises(ConfigError, match=r"a verdict_table case is \(mode, legacy\)"):
         verdict_table(["attn"], [("piecewise",)], steps=2)
 
@@ -216,6 +240,19 @@ def test_interactive_wrappers_build_widgets(bench_result):
         assert row.children
 
 
+def test_an_explorer_displays_its_still_beside_the_widget(bench_result):
+    """Where JupyterLab will not draw the widget (an untrusted notebook), it shows the bundle's HTML: one
+    line saying to run the cell above the latest figure, a PNG; text-only viewers get the line."""
+    for widget in (interactive_decode_explorer(), interactive_latency_explorer(bench_result)):
+        bundle = widget._repr_mimebundle_()
+        assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
+        assert bundle["text/plain"] == STILL_LINE
+        line, image = re.fullmatch(r'<p><b>(.*)</b></p><img src="data:image/png;base64,([^"]+)" alt="[^"]+">',
+                                   bundle["text/html"]).groups()
+        assert line == STILL_LINE and base64.b64decode(image).startswith(b"\x89PNG")
+    assert still_html(None) == f"<p><b>{STILL_LINE}</b></p>"  # a first draw that raised: the line alone
+
+
 def test_divergence_widget_offers_the_flavor_the_policy_and_chunked_prefill():
     ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
     controls = _controls(interactive_divergence_explorer())
@@ -223,7 +260,8 @@ def test_divergence_widget_offers_the_flavor_the_policy_and_chunked_prefill():
     flavor, mode, chunked = controls["flavor"], controls["mode"], controls["chunked prefill"]
     assert isinstance(flavor, ipywidgets.Dropdown)
     assert list(flavor.options) == ["compiled", "breakable"] and flavor.value == "compiled"
-    assert list(mode.options) == ["piecewise", "full_and_piecewise", "full", "none"] and mode.value == "piecewise"
+    assert list(mode.options) == ["piecewise", "full_and_piecewise", "full_decode_only", "full", "none"]
+    assert mode.value == "piecewise"
     assert isinstance(chunked, ipywidgets.Checkbox) and chunked.value is False
 
 
@@ -232,8 +270,9 @@ CONTROL_STATES = {
     "piecewise": ((), ""),
     "full_and_piecewise": ((), ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked "
                                 "prefill) PIECEWISE ones")),
-    "full": (("flavor", "legacy", "strict"), (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got "
-                                              "capture metadata before the fix too")),
+    **{mode: (("flavor", "legacy", "strict"), (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got "
+                                               "capture metadata before the fix too"))
+       for mode in ("full_decode_only", "full")},
     "none": (("flavor", "legacy", "strict"), f"{_OFF}: NONE captures no graph (eager against eager)"),
 }
 
@@ -246,7 +285,7 @@ def test_divergence_controls_that_do_nothing_in_the_mode_are_disabled(mode: str)
 def test_the_disabled_switches_really_change_nothing_in_their_modes():
     """What justifies disabling them: under FULL and NONE every flavor, legacy and strict setting runs the
     very same steps, with the very same differences from eager."""
-    for mode in ("full", "none"):
+    for mode in ("full_decode_only", "full", "none"):
         runs = {(flavor, legacy, strict): cached_repro(mode, piecewise_flavor=flavor, legacy_skip_attn=legacy,
                                                        strict_layers=strict, steps=3)
                 for flavor in ("compiled", "breakable") for legacy in (False, True) for strict in (False, True)}
@@ -264,7 +303,7 @@ def test_the_divergence_widget_disables_its_switches_as_the_mode_changes(capsys)
     controls = _controls(widget)
     _, (status,), _ = _parts(widget)
     names = {"flavor": "flavor", "legacy": "legacy skip_attn", "strict": "strict layers"}
-    for mode in ("full", "none", "full_and_piecewise", "piecewise"):
+    for mode in ("full", "full_decode_only", "none", "full_and_piecewise", "piecewise"):
         controls["mode"].value = mode
         disabled, why = CONTROL_STATES[mode]
         assert {d for d, c in controls.items() if c.disabled} == {names[n] for n in disabled}, mode
@@ -334,6 +373,7 @@ def test_latency_widget_says_how_to_pick_several(bench_result, capsys):
     assert "Ctrl-click" in MULTI_SELECT_HINT and "Shift-click" in MULTI_SELECT_HINT
     controls = _controls(widget)
     assert [c.tooltip for c in controls.values()] == [MULTI_SELECT_HINT] * 2
+    assert [c.rows for c in controls.values()] == [len(c.options) for c in controls.values()]  # none hidden
     controls["modes"].value = ()
     assert "Figure(700x40)" in capsys.readouterr().out  # the one-line message, not the 700x450 plot
 
@@ -405,8 +445,8 @@ def test_a_change_during_a_redraw_is_coalesced_into_the_newest_value(capsys):
 _DISPATCHER = CudagraphDispatcher(CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)
 HELPER_CASES = {
     "verdict_table with no layer mix": (lambda: verdict_table([], [("piecewise", True)]), "a list of layer patterns"),
-    "verdict_table with one string": (lambda: verdict_table("attn", [("piecewise", True)]), "one per row"),
-    "verdict_table with no case": (lambda: verdict_table(["attn"], []), "a list of cases, one per column"),
+    "verdict_table with one string": (lambda: verdict_table("attn", [("piecewise", True)]), "one per column"),
+    "verdict_table with no case": (lambda: verdict_table(["attn"], []), "a list of cases, one per row"),
     "cached_repro with a set": (lambda: cached_repro(batch_sizes={1, 2}), "cannot remember batch_sizes={1, 2}"),
     "cached_repro with a dict": (lambda: cached_repro(hidden_size={"a": 1}), "give it as a list or tuple"),
     "decode_explorer with a float step": (lambda: decode_explorer(step=2.5), "a whole number from 0 to 39"),

@@ -22,7 +22,7 @@ __all__ = ["CHUNKED_STEPS", "DIVERGENCE_MODES", "LAYER_MIXES", "PREFILL_CHUNK", 
            "verdict", "verdict_table"]
 
 LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "attn,attn")
-DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full", "none")
+DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full_decode_only", "full", "none")
 DECODE_STEPS = 16
 # Chunked prefill as notebook 04 runs it: prompts enter 4 tokens a step beside the running decodes, and
 # 20 steps take every prompt in, so nearly every step is a mixed batch.
@@ -82,7 +82,9 @@ def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
 def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
                      strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
                      device: str = "cpu", steps: int | None = None) -> dict[str, ReproResult]:
-    """The chosen case and, when it is the legacy path, the fixed path beside it, by label."""
+    """The chosen case and, when it is the legacy path, the fixed path beside it, by label; where the mode
+    leaves the flavor, legacy and strict switches off (``divergence_control_state``), the one run the
+    mode makes, labelled by the mode alone."""
     if not isinstance(chunked_prefill, bool):
         raise ConfigError(f"chunked_prefill must be True (prompts {PREFILL_CHUNK} tokens a step, mixed with "
                           f"decodes) or False (prompts prefilled first, then plain decode), got {chunked_prefill!r}")
@@ -90,6 +92,9 @@ def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str =
         steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
     options = {"piecewise_flavor": flavor, "layers": layers, "strict_layers": strict, "steps": steps,
                "prefill_chunk": PREFILL_CHUNK if chunked_prefill else 0, "device": device}
+    if divergence_control_state({"mode": mode})[0]:  # the switches change nothing here: one run, no switch named
+        options |= {"piecewise_flavor": "compiled", "strict_layers": False}
+        return {CUDAGraphMode.parse(mode).name: cached_repro(mode, legacy_skip_attn=False, **options)}
     label = f"{case_label(mode, legacy, flavor)}{' strict' if strict else ''}"
     runs = {label: cached_repro(mode, legacy_skip_attn=legacy, **options)}
     if legacy:
@@ -149,31 +154,49 @@ def divergence_control_state(values: dict[str, Any]) -> ControlState:
 Case = tuple[str, bool] | tuple[str, bool, str]
 
 
+MIX_WIDTH = 16  # a layer mix wider than this wraps after a comma in verdict_table's header
+
+
+def _wrap_mix(layers: str) -> list[str]:
+    """``layers`` as header lines of at most ``MIX_WIDTH`` characters (and the comma), cut after a comma."""
+    lines: list[str] = []
+    for part in layers.split(","):
+        if lines and len(lines[-1]) + 1 + len(part) <= MIX_WIDTH:
+            lines[-1] += "," + part
+        else:
+            lines[-1:] = [f"{lines[-1]},"] if lines else []
+            lines.append(part)
+    return lines
+
+
 def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 16,
                   **repro_options: Any) -> str:
-    """A text grid: one row per layer mix, one column per case (``(mode, legacy)`` or ``(mode, legacy,
-    flavor)``, compiled by default), each cell ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised);
-    ``repro_options`` go to every ``run_repro`` call."""
+    """A text grid: one row per case (``(mode, legacy)`` or ``(mode, legacy, flavor)``, compiled by default),
+    one column per layer mix, each cell ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised); ``repro_options``
+    go to every ``run_repro`` call. Cases as rows and long mixes wrapped keep it about 100 characters wide:
+    a notebook's output area beside JupyterLab's file browser at 1280 pixels holds 107."""
     if isinstance(layer_mixes, str) or not layer_mixes or not all(isinstance(m, str) for m in layer_mixes):
-        raise ConfigError(f"verdict_table needs a list of layer patterns, one per row, e.g. ['sconv,attn', 'attn'], "
-                          f"got {layer_mixes!r}")
+        raise ConfigError(f"verdict_table needs a list of layer patterns, one per column, e.g. ['sconv,attn', "
+                          f"'attn'], got {layer_mixes!r}")
     if not cases:
-        raise ConfigError(f"verdict_table needs a list of cases, one per column, e.g. [('piecewise', True), "
+        raise ConfigError(f"verdict_table needs a list of cases, one per row, e.g. [('piecewise', True), "
                           f"('full', True)], got {cases!r}")
     for case in cases:
         if not isinstance(case, tuple) or len(case) not in (2, 3):
             raise ConfigError(f"a verdict_table case is (mode, legacy) or (mode, legacy, flavor), got {case!r}")
     full_cases = [(*case, "compiled")[:3] for case in cases]
-    headers = [case_label(*case).split(" ", 1) for case in full_cases]
+    labels = [case_label(*case) for case in full_cases]
+    headers = [_wrap_mix(layers) for layers in layer_mixes]
     widths = [max(8, *map(len, h)) for h in headers]
-    first = max(len(m) for m in layer_mixes)
-    lines = [" " * first + " | " + " | ".join(f"{h[i]:^{w}}" for h, w in zip(headers, widths)) for i in (0, 1)]
-    for layers in layer_mixes:
+    first = max(map(len, labels))
+    rows = [[" " * first, *(f"{h[i]:<{w}}" if i < len(h) else " " * w for h, w in zip(headers, widths))]
+            for i in range(max(map(len, headers)))]
+    for label, (mode, legacy, flavor) in zip(labels, full_cases):
         results = [cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers, steps=steps,
-                                device=device, **repro_options) for mode, legacy, flavor in full_cases]
+                                device=device, **repro_options) for layers in layer_mixes]
         cells = ["FAILED" if r.error else "DIVERGED" if r.diverged else "ok" for r in results]
-        lines.append(f"{layers:<{first}} | " + " | ".join(f"{c:^{w}}" for c, w in zip(cells, widths)))
-    return "\n".join(line.rstrip() for line in lines)
+        rows.append([f"{label:<{first}}", *(f"{c:^{w}}" for c, w in zip(cells, widths))])
+    return "\n".join(" | ".join(row).rstrip() for row in rows)
 
 
 def interactive_divergence_explorer(*, device: str = "cpu") -> Any:

@@ -14,10 +14,11 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
 from cglab import __version__
-from cglab.batch import CudagraphDispatcher, get_uniform_decode_token_count
+from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, get_uniform_decode_token_count
 from cglab.compilation.backends import auto_compiler
 from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int, check_sizes
 from cglab.errors import ConfigError
@@ -28,8 +29,8 @@ from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
 __all__ = ["MAX_PADDING_TOKENS", "BatchShape", "describe_dispatch", "describe_environment", "describe_requests",
-           "describe_spec_decode_sizes", "describe_step", "draw_caches", "draw_divergence", "draw_graph_anatomy",
-           "draw_padding"]
+           "describe_spec_decode_sizes", "describe_step", "dispatch_cell", "draw_caches", "draw_divergence",
+           "draw_graph_anatomy", "draw_padding"]
 
 MAX_PADDING_TOKENS = 10_000  # a padding picture's widest batch: wider only takes longer to draw
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
@@ -226,20 +227,31 @@ DISPATCH_POLICIES = (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAG
                      CUDAGraphMode.PIECEWISE)
 
 
+def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
+    """A descriptor as ``describe_dispatch`` prints it: ``FULL 4/4 u=1`` (mode, tokens/requests, uniform
+    token count), ``PIECEWISE 8`` (any number of requests), ``eager`` for NONE."""
+    if desc.cg_mode is CUDAGraphMode.NONE:
+        return "eager"
+    reqs = "" if desc.num_reqs is None else f"/{desc.num_reqs}"
+    uniform = "" if desc.uniform_token_count is None else f" u={desc.uniform_token_count}"
+    return f"{desc.cg_mode.name} {desc.num_tokens}{reqs}{uniform}"
+
+
 def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: Sequence[BatchShape],
                       policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES) -> str:
-    """A table: one row per batch shape, one column per policy, each cell the descriptor dispatch returns
-    (``eager`` for NONE); ``uniform`` is the batch's ``uniform_token_count`` (``-``: None)."""
+    """A table: one row per batch shape, one column per policy, each cell the graph dispatch picks
+    (``dispatch_cell``); ``uniform`` is the batch's ``uniform_token_count`` (``-``: None). Short cells keep
+    it within the 107 characters a notebook's output area holds beside JupyterLab's file browser."""
     dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
-    header = ["batch", "reqs", "tokens", "uniform", *(p.name for p in policies)]
+    header = ["batch", "uniform", *(p.name for p in policies)]
     rows = [header]
     for shape in shapes:
         uniform = shape.uniform_token_count()
         descs = [d.dispatch(shape.num_reqs, shape.num_tokens, uniform) for d in dispatchers]
-        rows.append([shape.label, str(shape.num_reqs), str(shape.num_tokens), "-" if uniform is None else str(uniform),
-                     *("eager" if d.cg_mode is CUDAGraphMode.NONE else str(d) for d in descs)])
+        rows.append([shape.label, "-" if uniform is None else str(uniform), *map(dispatch_cell, descs)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}"]
+    lines = [f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
+             "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode"]
     for i, row in enumerate(rows):
         lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if i == 0:
@@ -320,6 +332,7 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
     steps_ax.set_ylim(floor / 2, ceiling)
     steps_ax.set_xlabel("decode step")
+    steps_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 2.5
     steps_ax.set_ylabel("max |replay - eager| (logits)")
     # Above the panels, not over the lines: the right panel uses the same colours.
     steps_ax.legend(fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import functools
 import html
 import threading
 from collections.abc import Callable, Collection
@@ -9,7 +11,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-__all__ = ["ControlState", "interactive"]
+__all__ = ["STILL_LINE", "ControlState", "explorer_type", "interactive", "still_html"]
+
+STILL_LINE = "Run this cell to get the controls."
 
 # What ``interactive``'s ``state`` returns for some control values: the names of the controls that
 # change nothing for them, and one line saying why ("" when there is nothing to say).
@@ -51,6 +55,37 @@ class _Redraw:
             raise
 
 
+def still_html(figure: Figure | None) -> str:
+    """What an explorer shows where its widget cannot be drawn: ``STILL_LINE`` above ``figure``."""
+    from IPython.core.pylabtools import print_figure
+
+    still = f"<p><b>{STILL_LINE}</b></p>"
+    if figure is not None:
+        png = base64.b64encode(print_figure(figure, "png")).decode("ascii")
+        still += f'<img src="data:image/png;base64,{png}" alt="the explorer\'s plot">'
+    return still
+
+
+class _WithStill:
+    """Mixed into an explorer's VBox: its display also carries a still (``still_html`` of its latest
+    figure). JupyterLab draws widgets only in outputs it trusts, and it does not trust a notebook it did
+    not run itself (one fresh from git): there it shows the still instead of ``VBox(children=...)``."""
+
+    latest_figure: Callable[[], Figure | None]
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]  # the widget's own view
+        return {**bundle, "text/plain": STILL_LINE, "text/html": still_html(self.latest_figure())}
+
+
+@functools.cache
+def explorer_type() -> type:
+    """The explorers' widget class, made on first use: importing this module needs no ipywidgets."""
+    import ipywidgets as widgets
+
+    return type("Explorer", (_WithStill, widgets.VBox), {"__module__": __name__})
+
+
 def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hint: str = "",
                 state: Callable[[dict[str, Any]], ControlState] | None = None,
                 notes: Callable[..., list[str]] | None = None, **fixed: Any) -> Any:
@@ -61,11 +96,13 @@ def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hi
     from IPython.display import display
 
     output = widgets.Output()
+    latest: list[Figure] = []
 
     def draw(values: dict[str, Any]) -> None:
         with output:  # shows an explorer's exception in the output area, as interactive_output did
             output.clear_output(wait=True)
-            display(explorer(**values, **fixed))
+            latest[:] = [explorer(**values, **fixed)]
+            display(latest[0])
             for line in notes(**values, **fixed) if notes else ():
                 print(line)
 
@@ -92,4 +129,6 @@ def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hi
     for control in controls.values():
         control.observe(redraw.request, "value")
     redraw.request()  # the initial figure
-    return widgets.VBox([*parts, output])
+    box = explorer_type()([*parts, output])
+    box.latest_figure = lambda: latest[0] if latest else None
+    return box

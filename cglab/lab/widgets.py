@@ -109,10 +109,10 @@ def interactive_latency_explorer(result: BenchResult) -> Any:
 
     modes = result.modes
     batches = sorted({r["batch_size"] for r in result.rows})
+    # Every option in view (up to 10 rows): the lists show 5 by default, and a mode below them goes unseen.
     controls = {
-        "modes": widgets.SelectMultiple(options=modes, value=tuple(modes), description="modes",
-                                        tooltip=MULTI_SELECT_HINT),
-        "batch_sizes": widgets.SelectMultiple(options=batches, value=tuple(batches), description="batch sizes",
-                                              tooltip=MULTI_SELECT_HINT),
+        name: widgets.SelectMultiple(options=options, value=tuple(options), description=name.replace("_", " "),
+                                     rows=min(len(options), 10), tooltip=MULTI_SELECT_HINT)
+        for name, options in (("modes", modes), ("batch_sizes", batches))
     }
     return interactive(latency_explorer, controls, hint=MULTI_SELECT_HINT, result=result)
