@@ -250,7 +250,7 @@ def lint(english: str, chinese: str) -> list[str]:
     if marker and not chinese.startswith(marker.group()):
         problems.append(f"does not start with {marker.group()!r} as the English does")
     lost = [s for s in CODE_SPAN.findall(english) if s not in chinese]
-    lost += [f"link ({u})" for u in URL.findall(english) if f"]({u})" not in chinese]
+    lost += [f"link ({u})" for u in URL.findall(english) if f"]({u.partition('#')[0]}" not in chinese]
     if lost:
         problems.append(f"lost {', '.join(dict.fromkeys(lost))}")
     return problems
