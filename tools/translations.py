@@ -150,16 +150,20 @@ def english_units(doc: Document) -> list[Unit]:
 
 # --- the PO files ------------------------------------------------------------------------------------------------
 
+def _header(doc: Document) -> str:
+    key = "the English cell id, then " if doc.is_notebook else ""
+    return (f"Chinese (Simplified) translation of {doc.source}.\n"
+            f"msgctxt: {key}the first {HASH_DIGITS} hex digits of the SHA-256 of the English text (msgid).\n"
+            "Write links as the English does, relative to the English file: make zh rewrites them.\n"
+            "After an English edit: .venv/bin/python tools/translations.py update, revise the fuzzy entries, "
+            "then make zh.")
+
+
 def load_catalog(doc: Document) -> polib.POFile:
     path = ROOT / doc.po
     if path.exists():
         return polib.pofile(str(path), wrapwidth=100)
     catalog = polib.POFile(wrapwidth=100)
-    catalog.header = (f"Chinese (Simplified) translation of {doc.source}.\n"
-                      f"msgctxt: {'the English cell id, then ' if doc.is_notebook else ''}the first {HASH_DIGITS} "
-                      "hex digits of the SHA-256 of the English text (msgid).\n"
-                      "After an English edit: .venv/bin/python tools/translations.py update, revise the fuzzy "
-                      "entries, then make zh.")
     catalog.metadata = {"Project-Id-Version": "cglab", "Language": "zh_CN", "MIME-Version": "1.0",
                         "Content-Type": "text/plain; charset=UTF-8", "Content-Transfer-Encoding": "8bit"}
     return catalog
@@ -189,7 +193,7 @@ def update(doc: Document) -> list[str]:
     """Bring ``doc``'s PO file in line with the English; return one line per entry added or marked fuzzy."""
     catalog, units = load_catalog(doc), english_units(doc)
     notes, fresh, seen = [], polib.POFile(wrapwidth=100), set()
-    fresh.header, fresh.metadata = catalog.header, catalog.metadata
+    fresh.header, fresh.metadata = _header(doc), catalog.metadata
     for unit, old in zip(units, _matched(units, _entries(catalog), doc.is_notebook)):
         if unit.context in seen:
             continue  # the same text twice in one file: one entry serves both
