@@ -118,7 +118,7 @@ def markdown_units(text: str) -> list[Unit]:
                     and not lines[i].startswith(("#", "|", "```", "<!--")):
                 i += 1
         block = "\n".join(lines[start:i])
-        translatable = bool(re.search(r"[A-Za-z]", block)) and not block.startswith(("```", TABLE_BEGIN, "<!--")) \
+        translatable = bool(re.search(r"[A-Za-z]", block)) and not block.startswith(("```", "<!--")) \
             and not RULE.fullmatch(block)
         units.append(Unit(block, f"line {start + 1} ({block.strip()[:40]!r})", translatable=translatable))
     return units
@@ -266,7 +266,7 @@ def translate(unit: Unit, catalog: polib.POFile, doc: Document) -> tuple[str, li
     fix = FIX.format(po=doc.po)
     if entry is None:
         before = unit.key and any(e.msgctxt.split()[0] == unit.key for e in _entries(catalog))
-        reason = "changed since it was translated" if before else "has no entry in the PO file"
+        reason = "changed since it was translated" if before else "is new, or changed since it was translated"
         return unit.text, [f"{doc.source} {unit.where}: {reason}; {fix}"]
     if "fuzzy" in entry.flags:
         return unit.text, [f"{doc.source} {unit.where}: its translation is marked fuzzy (the English changed); "
