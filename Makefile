@@ -3,11 +3,15 @@
 #   make test   run every test: unit tests and nbval on every notebook, then the browser tests
 # and one more for readers without a kernel:
 #   make html   the committed, executed suite as static pages in build/html/ (plots and widgets, no network)
+#   make zh     the Chinese edition in notebooks/zh/, generated from the English files and notebooks/zh/po/
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb notebooks/solutions/*.ipynb))
+# The Chinese edition's notebooks are generated, their code cells and outputs copied from the English ones:
+# nbval checks those once, so NOTEBOOKS leaves these out; make html builds them too.
+ZH_NOTEBOOKS := $(sort $(wildcard notebooks/zh/*.ipynb))
 
 # Caches that would otherwise land in $HOME stay inside the project (and out of the tests' way).
 export MPLCONFIGDIR := $(CURDIR)/.cache/matplotlib
@@ -22,7 +26,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The checks run with the variable unset, as on a CI runner that has never heard of it.
 unexport OMP_NUM_THREADS
 
-.PHONY: setup lab lint test test-e2e test-gpu notebooks html picture kit clean FORCE
+.PHONY: setup lab lint test test-e2e test-gpu notebooks html zh picture kit clean FORCE
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -101,7 +105,8 @@ test-e2e: $(STAMP)
 ifeq ($(CHROMIUM),)
 	@echo "SKIPPED the browser tests (JupyterLab, make html): no Chromium; install it (Debian: apt-get install chromium) or pass CHROMIUM=/path/to/chromium"
 else
-	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -m e2e tests/test_e2e_lab.py tests/test_e2e_fresh.py tests/test_e2e_html.py
+	CHROMIUM=$(CHROMIUM) $(PY) -m pytest -m e2e tests/test_e2e_lab.py tests/test_e2e_fresh.py tests/test_e2e_html.py \
+	  tests/test_e2e_zh.py
 endif
 
 # On a GPU box: the unit tests (their cuda halves), every notebook executed on the GPU (not saved) and
@@ -119,7 +124,12 @@ notebooks: $(STAMP)
 # The widget manager is downloaded once into .cache/.
 FROM ?= head
 html: $(STAMP)
-	$(PY) tools/build_html.py --from $(FROM) --out build/html $(NOTEBOOKS)
+	$(PY) tools/build_html.py --from $(FROM) --out build/html $(NOTEBOOKS) $(ZH_NOTEBOOKS)
+
+# The Chinese edition (notebooks/zh/): the English files with the translations of notebooks/zh/po/ (tools/translations.py).
+# After an English edit: .venv/bin/python tools/translations.py update, revise the entries it marks fuzzy, then make zh.
+zh: $(STAMP)
+	$(PY) tools/translations.py
 
 # README's picture (docs/divergence.png), drawn by the suite's own plotting code from a real CPU run.
 picture: $(STAMP)

@@ -168,3 +168,19 @@ def test_every_saved_widget_shows_the_saved_state_banner_once(build_html: Any, t
     assert sum(saved for saved, _, _ in counts.values()) > 0, "no notebook saved a widget: nothing was checked"
     assert all(saved == views == banners for saved, views, banners in counts.values()), counts
     assert "run <code>make lab</code> to explore" in build_html.WIDGET_BANNER
+
+
+def test_the_chinese_pages_are_marked_chinese_and_listed_apart(build_html: Any, tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    pages = []
+    for relative in ("notebooks/00b_express.ipynb", "notebooks/zh/00b_express.ipynb"):
+        page = tmp_path / Path(relative).relative_to("notebooks").with_suffix(".html")
+        title = build_html.convert(nbformat.read(ROOT / relative, as_version=4), page.stem, page, tmp_path)
+        pages.append((page, title))
+    english, chinese = (page.read_text(encoding="utf-8") for page, _ in pages)
+    assert '<html lang="en">' in english and '<html lang="zh">' in chinese
+    assert 'href="../00_welcome.html"' in chinese and 'href="00_glossary.html"' in chinese  # links open pages
+    build_html.write_index(tmp_path, pages)
+    index = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert index.index("<h2>Notebooks</h2>") < index.index("00b_express.html") < index.index("<h2>简体中文 (Chinese)</h2>")
+    assert index.index("<h2>简体中文 (Chinese)</h2>") < index.index('href="zh/00b_express.html">00b · 快速路径')

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "notebooks" / "FACILITATOR.md",
+DOCS = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "notebooks").rglob("*.md"),
                *(ROOT / "docs").rglob("*.md")})
 NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
 # `python -m cglab` (python3, python.exe too) with no folder before it, and the bare console script.

@@ -12,7 +12,8 @@ pages would load that manager, RequireJS and MathJax from CDNs; here the manager
 from the npm registry once, checked against pinned SHA-512 sums, are cached in
 ``.cache/html-assets/`` and copied into ``OUT/_static/``, and MathJax is left out (no notebook writes
 TeX; the build names any that does). Links between notebooks point at their pages; ``index.html``
-lists them all.
+lists them all. The Chinese edition's pages (notebooks/zh/) are marked ``lang="zh"``, so browsers pick
+Chinese fonts, and get a list of their own in the index.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ NOTEBOOK_LINK = re.compile(r'href="(?![a-z][a-z0-9+.-]*:)([^"#]+)\.ipynb(#[^"]*)
 # The box nbconvert's lab template puts each widget view in; the banner goes first inside it, so the
 # rendered widget (inserted beside the view's script) sits under it.
 WIDGET_BOX = re.compile(r'<div [^>]*\bclass="jupyter-widgets jp-OutputArea-output[^"]*"[^>]*>')
+
+
+# A first folder under notebooks/ whose pages are in another language: its ISO 639-1 code and its index heading.
+LANGUAGES = {"zh": ("zh", "简体中文 (Chinese)")}
 
 
 class BuildError(Exception):
@@ -219,7 +224,8 @@ def add_banners(body: str) -> str:
 def convert(notebook: nbformat.NotebookNode, name: str, page: Path, out: Path) -> str:
     """Write ``notebook``'s page to ``page``; return the notebook's title (``name`` where it has none)."""
     static = os.path.relpath(out / STATIC, page.parent)
-    exporter = HTMLExporter(template_name="lab", template_file="offline.html.j2",
+    language = LANGUAGES.get(page.relative_to(out).parts[0], ("en",))[0]
+    exporter = HTMLExporter(template_name="lab", template_file="offline.html.j2", language_code=language,
                             extra_loaders=[DictLoader({"offline.html.j2": TEMPLATE})],
                             require_js_url=f"{static}/require.js", widget_renderer_url=f"{static}/embed-amd.js")
     body, _ = exporter.from_notebook_node(notebook, resources={"metadata": {"name": title_of(notebook, name)}})
@@ -229,11 +235,12 @@ def convert(notebook: nbformat.NotebookNode, name: str, page: Path, out: Path) -
 
 
 def write_index(out: Path, pages: list[tuple[Path, str]], provenance: str = "") -> None:
-    """``index.html``: every page, in the order given, solutions in a list of their own."""
+    """``index.html``: every page, in the order given; solutions and each language in a list of their own."""
     sections: dict[str, list[str]] = {}
     for page, title in pages:
         link = page.relative_to(out).as_posix()
-        section = "Solutions" if "solutions" in Path(link).parts else "Notebooks"
+        first = Path(link).parts[0]
+        section = "Solutions" if first == "solutions" else LANGUAGES[first][1] if first in LANGUAGES else "Notebooks"
         sections.setdefault(section, []).append(f'<li><a href="{html.escape(link)}">{html.escape(title)}</a></li>')
     body = "".join(f"<h2>{name}</h2><ul>{''.join(items)}</ul>" for name, items in sections.items())
     (out / "index.html").write_text(

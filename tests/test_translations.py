@@ -1,0 +1,242 @@
+"""The Chinese edition (notebooks/zh/, issue 35): generated from the English files and notebooks/zh/po/ by
+tools/translations.py (``make zh``). A translation whose English changed fails here, naming the file, the cell
+or line, and the command that updates it; so does a committed file that differs from what the generator makes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+polib = pytest.importorskip("polib", reason="the translation files need polib (make installs it)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("translations", ROOT / "tools" / "translations.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["translations"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+translations = _load()
+DOCUMENTS = translations.DOCUMENTS
+by_document = pytest.mark.parametrize("doc", DOCUMENTS, ids=lambda d: d.target.removeprefix("notebooks/zh/"))
+
+
+@by_document
+def test_every_translation_is_current(doc) -> None:
+    _, problems = translations.build(doc)
+    assert not problems, "\n".join(problems)
+
+
+@by_document
+def test_the_committed_files_are_what_the_generator_makes(doc) -> None:
+    text, _ = translations.build(doc)
+    committed = (ROOT / doc.target).read_text(encoding="utf-8")
+    assert committed == text, f"{doc.target} is not what {doc.source} and {doc.po} make now: run `make zh`"
+
+
+@by_document
+def test_every_po_entry_records_the_hash_of_its_english(doc) -> None:
+    for entry in polib.pofile(str(ROOT / doc.po)):
+        recorded = entry.msgctxt.split()[-1]
+        assert recorded == translations.text_hash(entry.msgid), f"{doc.po}: {entry.msgctxt} does not hash its msgid"
+        assert "fuzzy" not in entry.flags and entry.msgstr.strip(), f"{doc.po}: {entry.msgctxt} is not translated"
+
+
+# --- the break a maintainer meets: an English cell edited, its translation not ----------------------------------
+
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of every English file and PO file the generator reads, which it then reads instead."""
+    for doc in DOCUMENTS:
+        for relative in (doc.source, doc.po, doc.target):
+            (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / relative, tmp_path / relative)
+    monkeypatch.setattr(translations, "ROOT", tmp_path)
+    return tmp_path
+
+
+def _edit_notebook_cell(path: Path, cell_id: str, old: str, new: str) -> None:
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    cell = next(c for c in notebook["cells"] if c["id"] == cell_id)
+    source = "".join(cell["source"])
+    assert old in source
+    cell["source"] = source.replace(old, new, 1)
+    path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def test_an_english_cell_edited_alone_fails_with_the_cell_and_the_command(scratch: Path) -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
+    _edit_notebook_cell(scratch / doc.source, "e23519aa", "16 decode steps", "12 decode steps")
+    _, problems = translations.build(doc)
+    assert problems == [f"{doc.source} cell e23519aa: changed since it was translated; run `.venv/bin/python "
+                        f"tools/translations.py update`, translate the entries it marks fuzzy or leaves empty in "
+                        f"{doc.po}, then `make zh`"]
+    assert translations.main(["check"]) == 1
+
+    notes = translations.update(doc)  # keeps the old translation as a start, flags it, shows the old English
+    assert notes == [f"{doc.po}: fuzzy, the English changed: cell e23519aa"]
+    entry = next(e for e in polib.pofile(str(scratch / doc.po)) if e.msgctxt.startswith("e23519aa "))
+    assert "fuzzy" in entry.flags and "16 decode steps" in entry.previous_msgid and "12 decode steps" in entry.msgid
+    _, problems = translations.build(doc)
+    assert len(problems) == 1 and "cell e23519aa: its translation is marked fuzzy" in problems[0]
+
+    catalog = polib.pofile(str(scratch / doc.po))
+    entry = next(e for e in catalog if e.msgctxt.startswith("e23519aa "))
+    entry.msgstr, entry.flags = entry.msgstr.replace("16 个 decode step", "12 个 decode step"), []
+    catalog.save()
+    text, problems = translations.build(doc)
+    assert problems == [] and "12 个 decode step" in text
+
+
+def test_an_edited_markdown_paragraph_keeps_its_translation_as_a_fuzzy_start(scratch: Path) -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("handout.md"))
+    path = scratch / doc.source
+    path.write_text(path.read_text(encoding="utf-8").replace("wrong outputs, no error.", "wrong outputs, no error!"),
+                    encoding="utf-8")
+    _, problems = translations.build(doc)
+    assert len(problems) == 1 and problems[0].startswith(f"{doc.source} line 3 ('**The bug in two sentences.**")
+    notes = translations.update(doc)
+    assert len(notes) == 1 and notes[0].startswith(f"{doc.po}: fuzzy, the English changed: line 3 ('**The bug in")
+    fuzzy = [e for e in polib.pofile(str(path.parents[2] / doc.po)) if "fuzzy" in e.flags]
+    assert len(fuzzy) == 1 and fuzzy[0].msgstr.startswith("**两句话讲清 bug。**")
+
+
+def test_a_new_english_cell_is_an_empty_entry_and_the_rest_stays(scratch: Path) -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("00b_express.ipynb"))
+    notebook = json.loads((scratch / doc.source).read_text(encoding="utf-8"))
+    notebook["cells"].insert(3, {"cell_type": "markdown", "id": "n3wce11", "metadata": {}, "source": ["A new note."]})
+    (scratch / doc.source).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert translations.update(doc) == [f"{doc.po}: new, to translate: cell n3wce11"]
+    text, problems = translations.build(doc)
+    assert problems == [f"{doc.source} cell n3wce11: not translated yet; " + translations.FIX.format(po=doc.po)]
+    assert "A new note." in text and "快速路径" in text  # English where there is no translation, Chinese elsewhere
+
+
+# --- the pieces --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("doc", [d for d in DOCUMENTS if not d.is_notebook], ids=lambda d: d.source)
+def test_markdown_units_put_the_file_back_together(doc) -> None:
+    text = (ROOT / doc.source).read_text(encoding="utf-8")
+    units = translations.markdown_units(text)
+    assert "\n".join(u.text for u in units) == text
+    verbatim = [u.text for u in units if not u.translatable and u.text.strip()]
+    assert all(v.startswith(("```", "<!--", "|-")) for v in verbatim), verbatim
+
+
+def test_lint_names_a_lost_marker_code_span_or_link() -> None:
+    english = "- **Run** `make zh` ([CONTRIBUTING](../CONTRIBUTING.md#x))."
+    assert translations.lint(english, "- **运行** `make zh`（[说明](../CONTRIBUTING.md)）。") == []
+    assert translations.lint(english, "**运行** make zh。") == [
+        "does not start with '- ' as the English does", "lost `make zh`, link (../CONTRIBUTING.md#x)"]
+
+
+def test_links_lead_to_the_translation_or_back_to_the_english_file() -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("answers.md"))
+    text = "[guide](../../notebooks/FACILITATOR.md), [laptops](../LAPTOPS.md), [pr](https://x.org/a.md), [top](#a)"
+    assert translations.relink(text, doc) == "[guide](FACILITATOR.md), [laptops](../../docs/LAPTOPS.md), " \
+                                              "[pr](https://x.org/a.md), [top](#a)"
+    notebook = next(d for d in DOCUMENTS if d.source.endswith("00b_express.ipynb"))
+    assert translations.relink("[g](00_welcome.ipynb#Glossary) [w](00_welcome.ipynb#How-to-run-it)", notebook) == \
+        "[g](00_glossary.ipynb) [w](../00_welcome.ipynb#How-to-run-it)"
+
+
+# --- the generated files, as a reader meets them ------------------------------------------------------------------
+
+def _texts(doc) -> list[str]:
+    """The Markdown a reader of the translation sees: a notebook's markdown cells, or the whole file."""
+    path = ROOT / doc.target
+    if not doc.is_notebook:
+        return [path.read_text(encoding="utf-8")]
+    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "markdown"]
+
+
+@by_document
+def test_relative_links_resolve_from_the_new_folder(doc) -> None:
+    links = [link for text in _texts(doc) for link in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text)]
+    broken = [link for link in links if "://" not in link and not (ROOT / doc.target).parent.joinpath(link).exists()]
+    assert links and not broken, f"{doc.target}: links to nothing: {broken}"
+
+
+@by_document
+def test_the_translation_is_chinese_and_every_pr_is_a_link_at_its_first_mention(doc) -> None:
+    text = "\n".join(_texts(doc))
+    assert len(re.findall(r"[\u4e00-\u9fff]", text)) > 100, f"{doc.target}: hardly any Chinese"
+    links = [(m.start(1), m.end(1), m.group(2)) for m in re.finditer(r"\[([^\]\n]*)\]\(([^)\s]+)\)", text)]
+    first: dict[str, int] = {}
+    for match in re.finditer(r"#(\d{5})\b", text):
+        first.setdefault(match.group(1), match.start())
+    unlinked = [n for n, at in first.items()
+                if not any(start <= at < end and url.endswith(f"/{n}") for start, end, url in links)]
+    if not doc.source.endswith("handout.md"):  # the printed handout names PRs unlinked, as the English one does
+        assert not unlinked, f"{doc.target}: the first mention of these PRs is not a link to them: {unlinked}"
+
+
+def test_the_glossary_uses_the_digests_words() -> None:
+    glossary = "\n".join(_texts(next(d for d in DOCUMENTS if d.target.endswith("00_glossary.ipynb"))))
+    pairs = [("CUDA graph", "CUDA 图"), ("capture", "捕获"), ("replay", "重放"), ("Attention metadata", "注意力元数据"),
+             ("attention-like op", "注意力类似操作"), ("Speculative decoding", "推测解码")]
+    missing = [f"{english} / {chinese}" for english, chinese in pairs
+               if not re.search(rf"{re.escape(english)}（{re.escape(chinese)}）", glossary)]
+    kept = ["FULL", "PIECEWISE", "`for_capture=True`", "Profiling run", "splitting ops"]
+    missing += [term for term in kept if term not in glossary]
+    assert not missing, f"the Chinese glossary lacks: {missing}"
+
+
+# "04，*静默偏离*", "**00b，*1 · 复现 bug*：**", "从 *PIECEWISE 的两种捕获方式* 到": the Chinese docs name sections as
+# the notebook a reader opens titles them: the Chinese one where it exists, else the English one.
+SECTION_REF = re.compile(r"(?<![\w#-])(0[0-6]b?)(?: [^*，\n]{0,30}?)?(?:\*\*)?[，,]\s*(?:从 )?\*([^*]+)\*")
+
+
+def _headings(path: Path) -> list[str]:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines() if line.startswith("#")]
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCUMENTS if not d.is_notebook], ids=lambda d: d.target)
+def test_every_section_a_chinese_doc_names_exists(doc) -> None:
+    refs = SECTION_REF.findall((ROOT / doc.target).read_text(encoding="utf-8"))
+    stale = []
+    for number, section in refs:
+        english = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+        chinese = ROOT / "notebooks" / "zh" / english.name
+        headings = _headings(english) + (_headings(chinese) if chinese.exists() else [])
+        if not any(section in heading for heading in headings):
+            stale.append((number, section))
+    assert refs and not stale, f"{doc.target} names sections no notebook has: {stale}"
+
+
+def test_the_chinese_handout_fits_one_a4_page() -> None:
+    """test_kit's budget, with each Chinese character as wide as two Latin ones (one em against half an em)."""
+    from test_kit import A4_LINES, printed_lines
+
+    text = (ROOT / "notebooks" / "zh" / "handout.md").read_text(encoding="utf-8")
+    lines = printed_lines(re.sub(r"[\u3000-\u9fff\uff00-\uffef]", "xx", text))
+    assert lines <= A4_LINES, f"the Chinese handout fills {lines:.1f} lines of {A4_LINES}: shorten it"
+
+
+# --- the Chinese notebooks are not run or counted a second time ---------------------------------------------------
+
+def test_nbval_and_the_word_cap_leave_the_chinese_notebooks_out() -> None:
+    shown = subprocess.run(["make", "-s", "--no-print-directory", "--eval", "show-%: ; @echo $($*)",
+                            "show-NOTEBOOKS", "show-ZH_NOTEBOOKS"], cwd=ROOT, capture_output=True, text=True, check=True)
+    notebooks, chinese = shown.stdout.splitlines()
+    assert "notebooks/00b_express.ipynb" in notebooks.split() and "notebooks/zh/" not in notebooks
+    assert sorted(chinese.split()) == sorted(d.target for d in DOCUMENTS if d.is_notebook)
+    import test_notebook_hygiene
+
+    assert not [p for p in test_notebook_hygiene.NOTEBOOKS if "zh" in p.parts]
