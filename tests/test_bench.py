@@ -113,8 +113,8 @@ def test_a_closed_stdout_is_no_disk_problem(tmp_path: Path, output: list[str]) -
     proc = subprocess.Popen([sys.executable, "-m", "cglab", *TINY, "--modes", "full", "--out", str(tmp_path / "run"),
                              *output], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()  # long before the first line is printed: importing torch takes seconds
-    err = proc.stderr.read()
-    assert proc.wait(timeout=300) == 0 and err == ""
+    err = proc.stderr.read()  # may hold torch's own warnings (its profiler warns on a GPU), never ours
+    assert proc.wait(timeout=300) == 0 and "disk" not in err and "Traceback" not in err, err
     assert [r["mode"] for r in load_results(tmp_path / "run").rows] == ["full", "full"]
 
 

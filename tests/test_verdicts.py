@@ -293,5 +293,5 @@ def test_the_notebooks_verdicts_call_nan_a_divergence(monkeypatch: pytest.Monkey
     compare_final_state(poisoned, _Caches(kv=torch.zeros(2)), _Caches(kv=torch.zeros(2)))
     assert divergence.verdict(poisoned) == f"DIVERGED from eager ({NON_FINITE})"
     monkeypatch.setattr(divergence, "cached_repro", lambda *args, **options: poisoned)
-    assert divergence.verdict_table(["attn"], [("piecewise", False)]).splitlines()[-1].split() == ["attn", "|",
-                                                                                                  "DIVERGED"]
+    assert divergence.verdict_table(["attn"], [("piecewise", False)]).splitlines()[-1].split() == [
+        "PIECEWISE", "compiled", "fixed", "|", "DIVERGED"]
