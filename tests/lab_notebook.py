@@ -29,8 +29,8 @@ WIDTH, HEIGHT = 1280, 900
 MAX_SCREENSHOT_HEIGHT = 30_000
 
 # The notebook panel showing PATH.
-_PANEL = "Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === path)"
-_KERNEL_STATUS = f"""(path) => {{ const session = ({_PANEL}).sessionContext.session;
+PANEL = "Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === path)"
+_KERNEL_STATUS = f"""(path) => {{ const session = ({PANEL}).sessionContext.session;
   return session && session.kernel ? session.kernel.status : 'none'; }}"""
 
 # How far Run All is: cells Lab shows as queued or running, and cells without an execution count that
@@ -50,7 +50,7 @@ _PROGRESS = """(path) => {
   return {running: cells.filter(cell => cell.model.executionState === 'running').length,
           waiting: cells.slice(0, stop).filter(cell => cell.model.sharedModel.getSource().trim()
               && cell.model.executionCount === null).length};
-}""".replace("PANEL", _PANEL)
+}""".replace("PANEL", PANEL)
 
 # What every code cell shows after the run, from Lab's models and the page together: the model says
 # what the kernel sent, the page how it rendered. Rendered widgets get a data-e2e-widget number, so
@@ -80,27 +80,28 @@ _INSPECT = """(path) => {
         .filter(img => !(img.complete && img.naturalWidth > 0)).length,
     };
   });
-}""".replace("PANEL", _PANEL)
+}""".replace("PANEL", PANEL)
 
 # Errors shown inside widgets: a failed redraw prints its traceback into the explorer's output area.
 _WIDGET_ERRORS = """(path) => Array.from((PANEL).content.node.querySelectorAll(
     '.jupyter-widgets [data-mime-type="application/vnd.jupyter.stderr"], .jupyter-widgets .jupyter-widgets-error'))
-  .map(node => node.innerText.slice(0, 300))""".replace("PANEL", _PANEL)
+  .map(node => node.innerText.slice(0, 300))""".replace("PANEL", PANEL)
 
-_OPEN = """async (path) => {
+OPEN_NOTEBOOK = """async (path) => {
   const panel = await window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'});
   await panel.context.ready;
   await panel.sessionContext.ready;
   window.jupyterapp.shell.activateById(panel.id);
+  await panel.revealed;
   return panel.id;
 }"""
 _RUN_ALL = "() => window.jupyterapp.commands.execute('notebook:run-all-cells')"
 # Closing a run notebook would ask whether to save it; shutting the kernel down and disposing of the
 # panel closes it without a question and without writing the file.
-_CLOSE = f"async (path) => {{ const panel = {_PANEL}; await panel.sessionContext.shutdown(); panel.dispose(); }}"
+CLOSE_NOTEBOOK = f"async (path) => {{ const panel = {PANEL}; await panel.sessionContext.shutdown(); panel.dispose(); }}"
 # The notebook's scrolling area, scrolled back to the top (the explorers left it at the bottom); returns
 # its full height.
-_TO_TOP = f"""(path) => {{ const node = ({_PANEL}).content.node;
+_TO_TOP = f"""(path) => {{ const node = ({PANEL}).content.node;
   const scroller = node.querySelector('.jp-WindowedPanel-outer') || node;
   scroller.scrollTop = 0;
   return scroller.scrollHeight; }}"""
@@ -170,7 +171,7 @@ class LabTab:
         run = NotebookRun(path)
         start = time.perf_counter()
         try:
-            panel_id = await self.page.evaluate(_OPEN, path)
+            panel_id = await self.page.evaluate(OPEN_NOTEBOOK, path)
             await asyncio.wait_for(self.page.evaluate(_RUN_ALL), RUN_ALL_TIMEOUT_S)
             await self._wait_until_ran(path)
             cells = await self.page.evaluate(_INSPECT, path)
@@ -194,7 +195,7 @@ class LabTab:
         except Exception as error:
             run.problems.append(f"the run broke down: {type(error).__name__}: {error}")
         try:
-            await self.page.evaluate(_CLOSE, path)
+            await self.page.evaluate(CLOSE_NOTEBOOK, path)
         except Exception as error:
             run.problems.append(f"closing the notebook failed: {type(error).__name__}: {error}")
         run.problems += self._problems

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
+from lab_notebook import CLOSE_NOTEBOOK, OPEN_NOTEBOOK, PANEL
 from lab_server import LabServer
 
 from cglab.lab.interactive import STILL_LINE
@@ -66,17 +67,8 @@ NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").
 WITH_WIDGETS = [p for p in NOTEBOOKS if _views(ROOT / p)]
 WITH_TABLES = [p for p in NOTEBOOKS if any(f in source for source in _code(ROOT / p) for f in FITTING)]
 
-_PANEL = "Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === path)"
 # Without a kernel: the notebook factory told not to start one, as if the learner chose "No Kernel".
-_OPEN = """async ([path, kernel]) => {
-  window.jupyterapp.docRegistry.getWidgetFactory('Notebook')._preferKernel = kernel;
-  const panel = await window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'});
-  await panel.context.ready;
-  await panel.sessionContext.ready;
-  window.jupyterapp.shell.activateById(panel.id);
-  return panel.id;
-}"""
-_CLOSE = f"async (path) => {{ const panel = {_PANEL}; await panel.sessionContext.shutdown(); panel.dispose(); }}"
+_PREFER_KERNEL = "(kernel) => { window.jupyterapp.docRegistry.getWidgetFactory('Notebook')._preferKernel = kernel; }"
 # Every widget output as shown: a widget, a still, or something else (its text).
 _WIDGETS = """(path) => {
   const panel = PANEL;
@@ -100,7 +92,7 @@ _WIDGETS = """(path) => {
     });
   });
   return {kernel: kernel ? kernel.status : 'none', found};
-}""".replace("PANEL", _PANEL).replace("WIDGET_VIEW", WIDGET_VIEW).replace("STILL_LINE", STILL_LINE)
+}""".replace("PANEL", PANEL).replace("WIDGET_VIEW", WIDGET_VIEW).replace("STILL_LINE", STILL_LINE)
 # The output area's width, and every line of a FITTING cell's output wider than the area: each line
 # of printed source, and each table row (a line with " | " or "-+-"), measured as rendered unwrapped.
 _LAYOUT = """([path, fitting]) => {
@@ -131,7 +123,7 @@ _LAYOUT = """([path, fitting]) => {
   });
   return {areaPx: area.clientWidth, prePx: pre.clientWidth, chars: Math.floor(pre.clientWidth / charWidth),
           leftPanelPx: document.querySelector('#jp-left-stack').getBoundingClientRect().width, wrapped};
-}""".replace("PANEL", _PANEL)
+}""".replace("PANEL", PANEL)
 
 
 def _signed_earlier(source: Path, target: Path, data_dir: Path) -> None:
@@ -182,7 +174,8 @@ async def _look(server: LabServer) -> dict[str, Any]:
             visits = [(p, False) for p in sorted({*WITH_WIDGETS, *WITH_TABLES, SIGNED})]
             visits += [(p, True) for p in WITH_WIDGETS]
             for path, kernel in visits:
-                panel = await page.evaluate(_OPEN, [path, kernel])
+                await page.evaluate(_PREFER_KERNEL, kernel)
+                panel = await page.evaluate(OPEN_NOTEBOOK, path)
                 key = f"{path} ({'a kernel' if kernel else 'no kernel'})"
                 if path in WITH_WIDGETS or path == SIGNED:
                     seen["widgets"][key] = await _settled(page, path)
@@ -193,7 +186,7 @@ async def _look(server: LabServer) -> dict[str, Any]:
                         await page.screenshot(path=str(shots / name), type="jpeg", quality=70)
                 if not kernel and path in WITH_TABLES:
                     seen["layout"][path] = await page.evaluate(_LAYOUT, [path, list(FITTING)])
-                await page.evaluate(_CLOSE, path)
+                await page.evaluate(CLOSE_NOTEBOOK, path)
         finally:
             await browser.close()
     return seen

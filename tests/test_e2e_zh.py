@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
-from lab_notebook import LabTab, NotebookRun
+from lab_notebook import OPEN_NOTEBOOK, PANEL, LabTab, NotebookRun
 from lab_server import LabServer, excuse_kernel_list_races
 
 pytestmark = pytest.mark.e2e
@@ -37,22 +37,13 @@ ARTIFACTS = ROOT / "build" / "e2e" / "zh"
 NOTEBOOKS = {"notebooks/zh/00b_express.ipynb": "快速路径", "notebooks/zh/04_missing_metadata_bug.ipynb": "缺失元数据"}
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
-_OPEN = """async (path) => {
-  const panel = await window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'});
-  await panel.context.ready;
-  await panel.sessionContext.ready;
-  window.jupyterapp.shell.activateById(panel.id);
-  await panel.revealed;
-  return panel.id;
-}"""
-_PANEL = "Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === path)"
 # Every markdown cell rendered (Lab renders them when the notebook is shown).
-_RENDERED = f"""(path) => {{ const panel = {_PANEL};
+_RENDERED = f"""(path) => {{ const panel = {PANEL};
   const markdown = panel ? panel.content.widgets.filter(c => c.model.type === 'markdown') : [];
   return markdown.length > 0 && markdown.every(c => c.rendered && c.node.querySelector('.jp-RenderedMarkdown h1, '
     + '.jp-RenderedMarkdown h2, .jp-RenderedMarkdown p, .jp-RenderedMarkdown li')); }}"""
 # What a reader sees without running anything: the rendered prose, the headings, the saved outputs.
-_SHOWN = f"""(path) => {{ const panel = {_PANEL};
+_SHOWN = f"""(path) => {{ const panel = {PANEL};
   const cells = panel.content.widgets;
   const markdown = cells.filter(c => c.model.type === 'markdown');
   const code = cells.filter(c => c.model.type === 'code');
@@ -92,7 +83,7 @@ async def _open_fresh(tab: LabTab, path: str, phrase: str, screenshot: Path) -> 
     run = NotebookRun(path)
     tab.page.on("pageerror", lambda error: run.problems.append(f"page error: {error}"))
     tab.page.on("console", lambda m: run.problems.append(f"console error: {m.text[:300]}") if m.type == "error" else None)
-    await tab.page.evaluate(_OPEN, path)
+    await tab.page.evaluate(OPEN_NOTEBOOK, path)
     await tab.page.wait_for_function(f"(path) => ({_RENDERED})(path)", arg=path, timeout=60_000)
     run.problems += fresh_problems(await tab.page.evaluate(_SHOWN, path), phrase)
     screenshot.parent.mkdir(parents=True, exist_ok=True)
