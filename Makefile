@@ -85,6 +85,7 @@ lab: $(STAMP)
 # fails the build before the long suites start.
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # -n auto: one pytest worker per core (pytest-xdist); --dist loadscope keeps each test file, and
 # each notebook's cells, on one worker, so a notebook runs top to bottom in a single kernel. The

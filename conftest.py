@@ -21,6 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not option.nbval_kernel_name:  # a kernel named on the command line wins
         option.nbval_current_env = True
 
+
 # The Chinese edition's notebooks are generated from the English ones, code cells and outputs copied
 # (tools/translations.py): `pytest --nbval notebooks` checks that code once, as `make test` does.
 collect_ignore_glob = ["notebooks/zh/*"]

@@ -32,8 +32,11 @@ class BatchExecutionDescriptor:
 
     def is_compatible(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None) -> bool:
         """Whether this graph can serve a batch: large enough, and uniform where it requires it."""
-        return ((self.uniform_token_count is None or self.uniform_token_count == uniform_token_count)
-                and (self.num_reqs is None or self.num_reqs >= num_reqs) and self.num_tokens >= num_tokens)
+        return (
+            (self.uniform_token_count is None or self.uniform_token_count == uniform_token_count)
+            and (self.num_reqs is None or self.num_reqs >= num_reqs)
+            and self.num_tokens >= num_tokens
+        )
 
 
 @dataclass
@@ -51,9 +54,15 @@ class InputBatch:
     max_seq_len: int
 
     @classmethod
-    def prepare(cls, query_lens: Sequence[int], seq_lens: Sequence[int], input_ids: Sequence[int] | None,
-                input_buffers: InputBuffers, num_tokens_after_padding: int,
-                num_reqs_after_padding: int) -> InputBatch:
+    def prepare(
+        cls,
+        query_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        input_ids: Sequence[int] | None,
+        input_buffers: InputBuffers,
+        num_tokens_after_padding: int,
+        num_reqs_after_padding: int,
+    ) -> InputBatch:
         """Write a real batch into ``input_buffers`` (in place) and describe it. ``input_ids=None``
         keeps the ids already in the buffer (see ``InputBuffers.write``)."""
         num_tokens = sum(query_lens)
@@ -62,10 +71,12 @@ class InputBatch:
         for q, s in zip(query_lens, seq_lens):
             query_start_loc.append(query_start_loc[-1] + q)
             positions.extend(range(s - q, s))
-        input_buffers.write(input_ids, positions, query_start_loc, seq_lens,
-                            num_tokens_after_padding, num_reqs_after_padding)
-        return cls._from_buffers(input_buffers, num_reqs_after_padding, num_tokens, num_tokens_after_padding,
-                                 max(query_lens), max(seq_lens))
+        input_buffers.write(
+            input_ids, positions, query_start_loc, seq_lens, num_tokens_after_padding, num_reqs_after_padding
+        )
+        return cls._from_buffers(
+            input_buffers, num_reqs_after_padding, num_tokens, num_tokens_after_padding, max(query_lens), max(seq_lens)
+        )
 
     @classmethod
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
@@ -79,11 +90,26 @@ class InputBatch:
         return cls._from_buffers(input_buffers, num_reqs, num_tokens, num_tokens, max(query_lens), max(query_lens))
 
     @classmethod
-    def _from_buffers(cls, buffers: InputBuffers, num_reqs: int, num_tokens: int, num_tokens_padded: int,
-                      max_query_len: int, max_seq_len: int) -> InputBatch:
-        return cls(num_reqs, num_tokens, num_tokens_padded, buffers.input_ids[:num_tokens_padded],
-                   buffers.positions[:num_tokens_padded], buffers.query_start_loc[: num_reqs + 1],
-                   buffers.seq_lens[:num_reqs], max_query_len, max_seq_len)
+    def _from_buffers(
+        cls,
+        buffers: InputBuffers,
+        num_reqs: int,
+        num_tokens: int,
+        num_tokens_padded: int,
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> InputBatch:
+        return cls(
+            num_reqs,
+            num_tokens,
+            num_tokens_padded,
+            buffers.input_ids[:num_tokens_padded],
+            buffers.positions[:num_tokens_padded],
+            buffers.query_start_loc[: num_reqs + 1],
+            buffers.seq_lens[:num_reqs],
+            max_query_len,
+            max_seq_len,
+        )
 
 
 def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool) -> int | None:
@@ -118,8 +144,9 @@ class CudagraphDispatcher:
     pads up to a FULL graph before it takes a smaller PIECEWISE one, as since vLLM PR #53407); the first
     compatible one wins, none runs eagerly."""
 
-    def __init__(self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int,
-                 decode_query_len: int = 1) -> None:
+    def __init__(
+        self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int, decode_query_len: int = 1
+    ) -> None:
         self.policy = policy
         self.max_num_reqs = max_num_reqs
         self.decode_query_len = decode_query_len
@@ -131,8 +158,10 @@ class CudagraphDispatcher:
         descs = []
         q = self.decode_query_len
         if self.policy in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE):
-            descs += [BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n // q, uniform_token_count=q)
-                      for n in uniform_decode_sizes(sizes, q, self.max_num_reqs)]
+            descs += [
+                BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n // q, uniform_token_count=q)
+                for n in uniform_decode_sizes(sizes, q, self.max_num_reqs)
+            ]
         mixed = self.policy.mixed_mode()
         for size in sizes:
             if mixed is CUDAGraphMode.FULL:  # FULL pads requests too: the graph baked in their count
@@ -156,8 +185,11 @@ class CudagraphDispatcher:
     def capture_descriptors(self) -> list[BatchExecutionDescriptor]:
         """Every graph to capture: PIECEWISE first (larger activations, so FULL fits in the same pool
         afterwards), then FULL; within a mode, largest first so smaller graphs reuse its memory."""
-        return [d for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
-                for d in sorted((d for d in self.descriptors if d.cg_mode is mode), key=lambda d: -d.num_tokens)]
+        return [
+            d
+            for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
+            for d in sorted((d for d in self.descriptors if d.cg_mode is mode), key=lambda d: -d.num_tokens)
+        ]
 
     def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None) -> BatchExecutionDescriptor:
         """The descriptor for a real batch (NONE: run eagerly). ``uniform_token_count``: the tokens

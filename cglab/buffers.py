@@ -25,8 +25,9 @@ def write_padded(dst: torch.Tensor, values: Sequence[int] | torch.Tensor, fill: 
     return dst[:length]
 
 
-def prepare_dcp_local_seq_lens(out: torch.Tensor, seq_lens: torch.Tensor, num_reqs: int, dcp_size: int,
-                               dcp_rank: int, cp_interleave: int = 1) -> None:
+def prepare_dcp_local_seq_lens(
+    out: torch.Tensor, seq_lens: torch.Tensor, num_reqs: int, dcp_size: int, dcp_rank: int, cp_interleave: int = 1
+) -> None:
     """Write into the persistent buffer ``out`` each request's KV length on one decode context parallel
     (DCP) rank; rows past ``num_reqs`` get 0 (vLLM: ``prepare_dcp_local_seq_lens``, ``gpu/cp_utils.py``).
 
@@ -47,8 +48,9 @@ class InputBuffers:
     """Token ids, positions, query start locations and sequence lengths, allocated once.
     ``pre_49751_dummy_split``: ``InputBatch.make_dummy`` splits its tokens as before vLLM PR #49751."""
 
-    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device,
-                 pre_49751_dummy_split: bool = False) -> None:
+    def __init__(
+        self, max_num_reqs: int, max_num_tokens: int, device: torch.device, pre_49751_dummy_split: bool = False
+    ) -> None:
         self.pre_49751_dummy_split = pre_49751_dummy_split
         self.max_num_reqs = max_num_reqs
         self.max_num_tokens = max_num_tokens
@@ -57,8 +59,15 @@ class InputBuffers:
         self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.long, device=device)
         self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.long, device=device)
 
-    def write(self, input_ids: Sequence[int] | None, positions: Sequence[int], query_start_loc: Sequence[int],
-              seq_lens: Sequence[int], num_tokens_padded: int, num_reqs_padded: int) -> None:
+    def write(
+        self,
+        input_ids: Sequence[int] | None,
+        positions: Sequence[int],
+        query_start_loc: Sequence[int],
+        seq_lens: Sequence[int],
+        num_tokens_padded: int,
+        num_reqs_padded: int,
+    ) -> None:
         """Write one step in place (padding: id 0 at position 0, empty requests). ``input_ids=None`` keeps
         the buffer's ids: a draft step writes them on the device, so the host never reads them back."""
         if input_ids is not None:
@@ -72,8 +81,9 @@ class InputBuffers:
 class BlockTables:
     """The block table (request row -> physical blocks) and the slot mapping (token -> cache slot)."""
 
-    def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, max_num_tokens: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, max_num_tokens: int, device: torch.device
+    ) -> None:
         self.block_size = block_size
         self.block_table = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((max_num_tokens,), PAD_SLOT_ID, dtype=torch.long, device=device)

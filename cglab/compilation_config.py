@@ -54,20 +54,24 @@ class CompilationConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CUDAGraphMode.parse(self.cudagraph_mode))
-        sizes = check_sizes("capture size", self.cudagraph_capture_sizes, example="(1, 2, 4, 8)", allow_empty=True,
-                            distinct=True)
+        sizes = check_sizes(
+            "capture size", self.cudagraph_capture_sizes, example="(1, 2, 4, 8)", allow_empty=True, distinct=True
+        )
         object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(sizes)))
         for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape", "pre_49751_dummy_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.check_addresses, (bool, type(None))):
-            raise ConfigError(f"check_addresses must be True, False or None (the graph backend's default), "
-                              f"got {self.check_addresses!r}")
+            raise ConfigError(
+                f"check_addresses must be True, False or None (the graph backend's default), "
+                f"got {self.check_addresses!r}"
+            )
         if self.backend not in COMPILE_BACKENDS:
             raise ConfigError(f"unknown compile backend {self.backend!r}; use {', '.join(map(repr, COMPILE_BACKENDS))}")
         if self.graph_backend not in GRAPH_BACKENDS:
-            raise ConfigError(f"unknown graph backend {self.graph_backend!r}; valid names: "
-                              f"{', '.join(map(repr, GRAPH_BACKENDS))}")
+            raise ConfigError(
+                f"unknown graph backend {self.graph_backend!r}; valid names: {', '.join(map(repr, GRAPH_BACKENDS))}"
+            )
         if self.splitting_ops is not None:
             object.__setattr__(self, "splitting_ops", _parse_splitting_ops(self.splitting_ops, self.use_breakable_cg))
 
@@ -81,8 +85,10 @@ class CompilationConfig:
         tokens than a step may hold, and a dummy capture batch whose longest request fits a request."""
         sizes = self.cudagraph_capture_sizes
         if sizes and max(sizes) > config.max_num_batched_tokens:
-            raise ConfigError(f"capture size {max(sizes)} exceeds max_num_batched_tokens "
-                              f"({config.max_num_batched_tokens}); raise max_num_batched_tokens or drop that size")
+            raise ConfigError(
+                f"capture size {max(sizes)} exceeds max_num_batched_tokens "
+                f"({config.max_num_batched_tokens}); raise max_num_batched_tokens or drop that size"
+            )
         # The capture batch is a real batch to the metadata builders: a request longer than
         # max_model_len would index past its block-table row. The old split is let through: its failure
         # at capture is the lesson.
@@ -95,7 +101,8 @@ class CompilationConfig:
             raise ConfigError(
                 f"capture size {s} does not fit: its capture batch puts {longest} tokens in one request "
                 f"(max_num_reqs {config.max_num_reqs}), above max_model_len "
-                f"({config.max_model_len}); raise max_model_len or max_num_reqs, or drop that size")
+                f"({config.max_model_len}); raise max_model_len or max_num_reqs, or drop that size"
+            )
 
     @property
     def piecewise_flavor(self) -> str:
@@ -106,21 +113,27 @@ class CompilationConfig:
 def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ...]:
     """Known op names, at least one, each once; compiled PIECEWISE only (the model: ``resolve_splitting_ops``)."""
     if use_breakable_cg:
-        raise ConfigError("splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
-                          "graphs split where the eager-break functions are called (attention)")
+        raise ConfigError(
+            "splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
+            "graphs split where the eager-break functions are called (attention)"
+        )
     parts = value.split(",") if isinstance(value, str) else value
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise ConfigError(f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], got {value!r}"
+        )
     names = [p.strip() for p in parts]
     if not any(names):
-        raise ConfigError("splitting_ops is empty: compiled PIECEWISE needs at least one op to split at; "
-                          "for one graph over the whole forward use mode 'full'")
+        raise ConfigError(
+            "splitting_ops is empty: compiled PIECEWISE needs at least one op to split at; "
+            "for one graph over the whole forward use mode 'full'"
+        )
     check_no_empty_item("splitting_ops", value, names)
     unknown = [op for op in names if op not in OP_OF_KIND.values()]
     if unknown:
-        raise ConfigError(f"unknown splitting op(s) {', '.join(map(repr, unknown))}; "
-                          f"valid names: {', '.join(OP_OF_KIND.values())}")
+        raise ConfigError(
+            f"unknown splitting op(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(OP_OF_KIND.values())}"
+        )
     return tuple(dict.fromkeys(names))
 
 

@@ -58,8 +58,9 @@ class CUDAGraphMode(enum.Enum):
             return value
         valid = ", ".join(m.value for m in cls)
         if not isinstance(value, str):  # str(None) is "none": a missing value must not pick a mode
-            raise ConfigError(f"the CUDA graph mode must be a name such as 'piecewise', got {value!r}; "
-                              f"choose one of: {valid}")
+            raise ConfigError(
+                f"the CUDA graph mode must be a name such as 'piecewise', got {value!r}; choose one of: {valid}"
+            )
         try:
             return cls(value.strip().lower())
         except ValueError:
@@ -70,14 +71,27 @@ def check_int(name: str, value: object, low: int = 1, high: int | None = None, n
     """``value`` if it is an int (``True`` is not a size) from ``low`` to ``high``, else a ConfigError
     naming ``name``; ``note`` goes before the value given."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        wanted = ("a positive integer" if low == 1 and high is None else f"an integer of at least {low}"
-                  if high is None else f"an integer from {low} to {high}")
+        wanted = (
+            "a positive integer"
+            if low == 1 and high is None
+            else f"an integer of at least {low}"
+            if high is None
+            else f"an integer from {low} to {high}"
+        )
         raise ConfigError(f"{name} must be {wanted}{note}, got {value!r}")
     return value
 
 
-def check_sizes(what: str, sizes: object, high: int | None = None, *, note: str = "", example: str = "[1, 2, 4]",
-                allow_empty: bool = False, distinct: bool = False) -> tuple[int, ...]:
+def check_sizes(
+    what: str,
+    sizes: object,
+    high: int | None = None,
+    *,
+    note: str = "",
+    example: str = "[1, 2, 4]",
+    allow_empty: bool = False,
+    distinct: bool = False,
+) -> tuple[int, ...]:
     """A list of positive ints, each at most ``high``; ``what`` is one item's name ("capture size")."""
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
         raise ConfigError(f"give the {what}s as a list of positive integers such as {example}, got {sizes!r}")
@@ -96,8 +110,7 @@ check_positive_int = check_int  # check_int with its defaults: above zero
 def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
     """Refuse ``"a,,b"``: an empty item is a typo (a name or a number left out), not a separator."""
     if not all(items):
-        raise ConfigError(f"{what} {given!r} has an empty item (two commas in a row, or one at an end); "
-                          "remove it")
+        raise ConfigError(f"{what} {given!r} has an empty item (two commas in a row, or one at an end); remove it")
 
 
 def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -105,20 +118,26 @@ def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str
     more than ``MAX_LAYERS`` layers."""
     parts = pattern.split(",") if isinstance(pattern, str) else pattern
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise ConfigError(f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, "
-                          f"got {pattern!r}")
+        raise ConfigError(
+            f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, got {pattern!r}"
+        )
     kinds = tuple(p.strip().lower() for p in parts)
     if not any(kinds):
-        raise ConfigError("the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
-                          f"or 'linear_attn,attn' (valid kinds: {', '.join(LAYER_KINDS)})")
+        raise ConfigError(
+            "the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
+            f"or 'linear_attn,attn' (valid kinds: {', '.join(LAYER_KINDS)})"
+        )
     check_no_empty_item("the layer pattern", pattern, kinds)
     if len(kinds) > MAX_LAYERS:
-        raise ConfigError(f"the layer pattern has {len(kinds)} layers, above the limit of {MAX_LAYERS} {LIMIT_NOTE}; "
-                          "use a shorter pattern")
+        raise ConfigError(
+            f"the layer pattern has {len(kinds)} layers, above the limit of {MAX_LAYERS} {LIMIT_NOTE}; "
+            "use a shorter pattern"
+        )
     unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
     if unknown:
-        raise ConfigError(f"unknown layer kind(s) {', '.join(map(repr, unknown))}; "
-                          f"valid kinds: {', '.join(LAYER_KINDS)}")
+        raise ConfigError(
+            f"unknown layer kind(s) {', '.join(map(repr, unknown))}; valid kinds: {', '.join(LAYER_KINDS)}"
+        )
     return kinds
 
 
@@ -127,16 +146,22 @@ DTYPES = ("float32", "bfloat16", "float16")
 # The devices a runner takes: "cuda" captures real CUDA graphs, "cpu" runs the simulator.
 DEVICES = ("cpu", "cuda")
 # The custom op each layer kind's kernel is; the names a ``splitting_ops`` list may use.
-OP_OF_KIND = {"attn": "cglab::unified_attention", "sconv": "cglab::short_conv", "compressor": "cglab::compressor",
-              "linear_attn": "cglab::linear_attention"}
+OP_OF_KIND = {
+    "attn": "cglab::unified_attention",
+    "sconv": "cglab::short_conv",
+    "compressor": "cglab::compressor",
+    "linear_attn": "cglab::linear_attention",
+}
 
 
 def parse_piecewise_flavor(value: object) -> str:
     """``"compiled"`` (torch.compile split at ``splitting_ops``, vLLM's default) or ``"breakable"``."""
     if isinstance(value, str) and value.strip().lower() in PIECEWISE_FLAVORS:
         return value.strip().lower()
-    raise ConfigError(f"unknown PIECEWISE flavor {value!r}; choose 'compiled' (torch.compile, split at "
-                      "splitting_ops) or 'breakable' (one capture, split at the eager breaks)")
+    raise ConfigError(
+        f"unknown PIECEWISE flavor {value!r}; choose 'compiled' (torch.compile, split at "
+        "splitting_ops) or 'breakable' (one capture, split at the eager breaks)"
+    )
 
 
 def resolve_splitting_ops(splitting_ops: Sequence[str] | None, layers: tuple[str, ...]) -> tuple[str, ...]:
@@ -148,8 +173,10 @@ def resolve_splitting_ops(splitting_ops: Sequence[str] | None, layers: tuple[str
         return tuple(op for op in in_model if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
     absent = [op for op in splitting_ops if op not in in_model]
     if absent:
-        raise ConfigError(f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
-                          f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op")
+        raise ConfigError(
+            f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
+            f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op"
+        )
     return tuple(splitting_ops)
 
 
@@ -163,9 +190,14 @@ def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[
     return bool(attention_ops) and attention_ops <= set(splitting_ops)
 
 
-def resolve_cudagraph_mode(mode: CUDAGraphMode, min_support: AttentionCGSupport, *, builder_name: str,
-                           splitting_ops_contain_attention: bool, uniform_decode_query_len: int = 1
-                           ) -> tuple[CUDAGraphMode, str | None]:
+def resolve_cudagraph_mode(
+    mode: CUDAGraphMode,
+    min_support: AttentionCGSupport,
+    *,
+    builder_name: str,
+    splitting_ops_contain_attention: bool,
+    uniform_decode_query_len: int = 1,
+) -> tuple[CUDAGraphMode, str | None]:
     """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
     saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
 
@@ -185,26 +217,41 @@ def resolve_cudagraph_mode(mode: CUDAGraphMode, min_support: AttentionCGSupport,
         return mode, None
     if mode.mixed_mode() is CUDAGraphMode.FULL and min_support is not AttentionCGSupport.ALWAYS:
         if min_support is AttentionCGSupport.NEVER:
-            raise ConfigError(f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
-                              "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops")
-        mixed = ("mixed batches run PIECEWISE (attention is outside the graphs)" if splitting_ops_contain_attention
-                 else "mixed batches run eagerly (attention is not a splitting op)")
-        resolved = lower(CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention
-                         else CUDAGraphMode.FULL_DECODE_ONLY,
-                         f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL")
+            raise ConfigError(
+                f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
+                "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops"
+            )
+        mixed = (
+            "mixed batches run PIECEWISE (attention is outside the graphs)"
+            if splitting_ops_contain_attention
+            else "mixed batches run eagerly (attention is not a splitting op)"
+        )
+        resolved = lower(
+            CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.FULL_DECODE_ONLY,
+            f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL",
+        )
     if resolved.decode_mode() is CUDAGraphMode.FULL and min_support is AttentionCGSupport.NEVER:
-        resolved = (lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
-                    if splitting_ops_contain_attention else
-                    lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise"))
-    if (resolved.decode_mode() is CUDAGraphMode.FULL and uniform_decode_query_len > 1
-            and min_support < AttentionCGSupport.UNIFORM_BATCH):
-        why = (f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
-               "batches need UNIFORM_BATCH or more")
+        resolved = (
+            lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
+            if splitting_ops_contain_attention
+            else lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise")
+        )
+    if (
+        resolved.decode_mode() is CUDAGraphMode.FULL
+        and uniform_decode_query_len > 1
+        and min_support < AttentionCGSupport.UNIFORM_BATCH
+    ):
+        why = (
+            f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
+            "batches need UNIFORM_BATCH or more"
+        )
         resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
     if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
         # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
-        raise ConfigError(f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
-                          "'piecewise', with attention among the splitting ops")
+        raise ConfigError(
+            f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
+            "'piecewise', with attention among the splitting ops"
+        )
     return resolved, "; then ".join(notes) or None
 
 
@@ -239,9 +286,11 @@ MAX_SPECULATIVE_TOKENS = 16
 def check_num_speculative_tokens(value: object) -> int:
     """Draft tokens per step (0: none), at most ``MAX_SPECULATIVE_TOKENS``."""
     if check_int("num_speculative_tokens", value, 0, note=" (0: no speculative decoding)") > MAX_SPECULATIVE_TOKENS:
-        raise ConfigError(f"num_speculative_tokens {value} is above {MAX_SPECULATIVE_TOKENS}, the most the toy drafts "
-                          f"per step {LIMIT_NOTE}: each step runs K - 1 draft decode forwards; use fewer speculative "
-                          "tokens")
+        raise ConfigError(
+            f"num_speculative_tokens {value} is above {MAX_SPECULATIVE_TOKENS}, the most the toy drafts "
+            f"per step {LIMIT_NOTE}: each step runs K - 1 draft decode forwards; use fewer speculative "
+            "tokens"
+        )
     return value
 
 
@@ -283,22 +332,35 @@ class ToyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", parse_layer_pattern(self.layers))
-        for name in ("hidden_size", "num_heads", "vocab_size", "block_size", "num_blocks", "max_num_reqs",
-                     "max_model_len", "max_num_batched_tokens", "sconv_kernel_size", "compress_ratio"):
+        for name in (
+            "hidden_size",
+            "num_heads",
+            "vocab_size",
+            "block_size",
+            "num_blocks",
+            "max_num_reqs",
+            "max_model_len",
+            "max_num_batched_tokens",
+            "sconv_kernel_size",
+            "compress_ratio",
+        ):
             check_int(name, getattr(self, name))
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.block_size % self.compress_ratio:
             raise ConfigError(
                 f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
-                "so that a compressed group never straddles two blocks")
+                "so that a compressed group never straddles two blocks"
+            )
         check_seed(self.seed)
         for name in ("strict_layers", "python_guards"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.strict_layers and self.python_guards:
-            raise ConfigError("strict_layers drops the stateful layers' None guard and python_guards moves it into "
-                              "their forward: choose one")
+            raise ConfigError(
+                "strict_layers drops the stateful layers' None guard and python_guards moves it into "
+                "their forward: choose one"
+            )
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         object.__setattr__(self, "layer_names", tuple(f"layers.{i}.{k}" for i, k in enumerate(self.layers)))
@@ -309,14 +371,26 @@ class ToyConfig:
         step's transient tensors (each token gathers up to ``max_model_len`` keys and values)."""
         h, tokens, n = self.hidden_size, self.max_num_tokens, self.layers.count
         weights = (2 * self.vocab_size + self.max_model_len + 10 * len(self.layers) * h) * h
-        caches = ((self.num_slots + self.block_size) * h * (2 * n("attn") + n("sconv") + 2 * n("compressor"))
-                  + (self.num_blocks + 1) * h * self.head_dim * n("linear_attn"))
+        caches = (self.num_slots + self.block_size) * h * (2 * n("attn") + n("sconv") + 2 * n("compressor")) + (
+            self.num_blocks + 1
+        ) * h * self.head_dim * n("linear_attn")
         groups = self.max_model_len // self.compress_ratio
-        buffers = 8 * (tokens * (self.sconv_kernel_size + self.compress_ratio + groups)
-                       + self.max_num_reqs * self.max_blocks_per_req)
-        step = (tokens * h * (4 + self.sconv_kernel_size * bool(n("sconv")) + 3 * self.max_model_len * bool(n("attn"))
-                              + 2 * groups * bool(n("compressor")))
-                + tokens * self.vocab_size + 3 * self.max_num_reqs * h * self.head_dim * bool(n("linear_attn")))
+        buffers = 8 * (
+            tokens * (self.sconv_kernel_size + self.compress_ratio + groups)
+            + self.max_num_reqs * self.max_blocks_per_req
+        )
+        step = (
+            tokens
+            * h
+            * (
+                4
+                + self.sconv_kernel_size * bool(n("sconv"))
+                + 3 * self.max_model_len * bool(n("attn"))
+                + 2 * groups * bool(n("compressor"))
+            )
+            + tokens * self.vocab_size
+            + 3 * self.max_num_reqs * h * self.head_dim * bool(n("linear_attn"))
+        )
         item = 4 if self.dtype == "float32" else 2
         return {"weights": weights * item, "caches": caches * item + buffers, "step": step * item}
 
@@ -324,14 +398,18 @@ class ToyConfig:
         parts = self.memory_estimate()
         total = sum(parts.values()) / 2**30
         if total > MAX_CONFIG_MEMORY_GIB:
-            remedy = {"weights": "hidden_size, vocab_size, max_model_len or the number of layers",
-                      "caches": "num_blocks, block_size, hidden_size or max_num_batched_tokens",
-                      "step": "the tokens of a step (max_num_batched_tokens, max_num_reqs), max_model_len, "
-                              "hidden_size, vocab_size or sconv_kernel_size"}
+            remedy = {
+                "weights": "hidden_size, vocab_size, max_model_len or the number of layers",
+                "caches": "num_blocks, block_size, hidden_size or max_num_batched_tokens",
+                "step": "the tokens of a step (max_num_batched_tokens, max_num_reqs), max_model_len, "
+                "hidden_size, vocab_size or sconv_kernel_size",
+            }
             sizes = ", ".join(f"{name} {value / 2**30:.3g} GiB" for name, value in parts.items())
-            raise ConfigError(f"this ToyConfig needs about {total:.3g} GiB ({sizes}), above the limit of "
-                              f"{MAX_CONFIG_MEMORY_GIB} GiB for one engine {LIMIT_NOTE}; lower "
-                              f"{remedy[max(parts, key=parts.__getitem__)]}")
+            raise ConfigError(
+                f"this ToyConfig needs about {total:.3g} GiB ({sizes}), above the limit of "
+                f"{MAX_CONFIG_MEMORY_GIB} GiB for one engine {LIMIT_NOTE}; lower "
+                f"{remedy[max(parts, key=parts.__getitem__)]}"
+            )
 
     @property
     def head_dim(self) -> int:

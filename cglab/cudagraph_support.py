@@ -26,8 +26,9 @@ class AttentionCGSupport(enum.IntEnum):
         }[self]
 
 
-def can_build_metadata(support: AttentionCGSupport, *, num_reqs: int, num_tokens: int, max_query_len: int,
-                       for_capture: bool) -> bool:
+def can_build_metadata(
+    support: AttentionCGSupport, *, num_reqs: int, num_tokens: int, max_query_len: int, for_capture: bool
+) -> bool:
     """Whether a builder of ``support`` can build metadata for this batch shape (host sizes only: no sync).
     The one rule for the builders' refusals and the pictures of them."""
     if not for_capture or support is AttentionCGSupport.ALWAYS:

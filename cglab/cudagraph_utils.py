@@ -39,8 +39,9 @@ from cglab.graphs import CapturedGraph, GraphBackend
 from cglab.metadata import AttentionGroup, prepare_attn
 
 
-def _prepare_dummy(num_reqs: int, num_tokens: int, input_buffers: InputBuffers,
-                   block_tables: BlockTables) -> tuple[InputBatch, torch.Tensor, torch.Tensor]:
+def _prepare_dummy(
+    num_reqs: int, num_tokens: int, input_buffers: InputBuffers, block_tables: BlockTables
+) -> tuple[InputBatch, torch.Tensor, torch.Tensor]:
     """A dummy batch whose slot mapping is all padding: warmup and capture store nothing real."""
     input_batch = InputBatch.make_dummy(num_reqs, num_tokens, input_buffers)
     return input_batch, block_tables.get_dummy_block_tables(num_reqs), block_tables.get_dummy_slot_mappings(num_tokens)
@@ -49,8 +50,12 @@ def _prepare_dummy(num_reqs: int, num_tokens: int, input_buffers: InputBuffers,
 # The three functions below are printed in notebooks 00b, 04 and 06: their lines stay within 100
 # characters, which a notebook's output area holds beside JupyterLab's file browser.
 def prepare_inputs_to_capture(
-        num_reqs: int, num_tokens: int, input_buffers: InputBuffers, block_tables: BlockTables,
-        attn_groups: Sequence[AttentionGroup], full_cudagraph: bool,
+    num_reqs: int,
+    num_tokens: int,
+    input_buffers: InputBuffers,
+    block_tables: BlockTables,
+    attn_groups: Sequence[AttentionGroup],
+    full_cudagraph: bool,
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Inputs and metadata for capturing one graph (the fixed version, vLLM PR #49364).
 
@@ -61,16 +66,18 @@ def prepare_inputs_to_capture(
     need metadata to record their work at all. Fragile: those ops keep reading the *storage* of
     this metadata at every replay, so ordinary builders must write into persistent buffers.
     """
-    input_batch, block_table, slot_mapping = _prepare_dummy(
-        num_reqs, num_tokens, input_buffers, block_tables)
-    attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups,
-                                 for_capture=full_cudagraph)
+    input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
+    attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=full_cudagraph)
     return attn_metadata, slot_mapping
 
 
 def prepare_inputs_to_capture_legacy(
-        num_reqs: int, num_tokens: int, input_buffers: InputBuffers, block_tables: BlockTables,
-        attn_groups: Sequence[AttentionGroup], skip_attn: bool,
+    num_reqs: int,
+    num_tokens: int,
+    input_buffers: InputBuffers,
+    block_tables: BlockTables,
+    attn_groups: Sequence[AttentionGroup],
+    skip_attn: bool,
 ) -> tuple[dict[str, Any] | None, torch.Tensor]:
     """The version *before* the fix, kept to reproduce the bug. Do not use it for anything else.
 
@@ -80,19 +87,20 @@ def prepare_inputs_to_capture_legacy(
     records a no-op. Otherwise (FULL, breakable PIECEWISE) metadata is built capture-safe,
     ``for_capture=True``.
     """
-    input_batch, block_table, slot_mapping = _prepare_dummy(
-        num_reqs, num_tokens, input_buffers, block_tables)
+    input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
     attn_metadata = None
     if not skip_attn:
-        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups,
-                                     for_capture=True)
+        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=True)
     return attn_metadata, slot_mapping
 
 
 def prepare_capture_metadata(
-        desc: BatchExecutionDescriptor, num_reqs: int, input_buffers: InputBuffers,
-        block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
-        compilation_config: CompilationConfig,
+    desc: BatchExecutionDescriptor,
+    num_reqs: int,
+    input_buffers: InputBuffers,
+    block_tables: BlockTables,
+    attn_groups: Sequence[AttentionGroup],
+    compilation_config: CompilationConfig,
 ) -> dict[str, Any] | None:
     """The metadata ``desc``'s graph is captured with: the fixed path, or with ``legacy_skip_attn``
     the code from before the fix. The target model and the speculative drafter both call this,
@@ -126,8 +134,7 @@ def graph_reads(attn_metadata: Mapping[str, Any] | None, **buffers: torch.Tensor
     return reads
 
 
-def tensor_source(name: str, attn_groups: Sequence[AttentionGroup], state_names: Iterable[str],
-                  otherwise: str) -> str:
+def tensor_source(name: str, attn_groups: Sequence[AttentionGroup], state_names: Iterable[str], otherwise: str) -> str:
     """Who produced the tensor a graph reads as ``name`` (see ``graph_reads``), for error messages."""
     if name in set(state_names):
         return " (a cache of the model)"
@@ -151,15 +158,22 @@ class CaptureForward:
         return self.run(cg_mode)
 
 
-def create_capture_forward(desc: BatchExecutionDescriptor, max_num_reqs: int, input_buffers: InputBuffers,
-                           block_tables: BlockTables, attn_groups: Sequence[AttentionGroup],
-                           compilation_config: CompilationConfig, run_model: Callable[[int], torch.Tensor],
-                           reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]]) -> CaptureForward:
+def create_capture_forward(
+    desc: BatchExecutionDescriptor,
+    max_num_reqs: int,
+    input_buffers: InputBuffers,
+    block_tables: BlockTables,
+    attn_groups: Sequence[AttentionGroup],
+    compilation_config: CompilationConfig,
+    run_model: Callable[[int], torch.Tensor],
+    reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
+) -> CaptureForward:
     """Prepare ``desc``'s dummy batch and its capture metadata; ``run_model(num_reqs)`` is what the graph
     records. The target model and the drafter's routines are captured through this one function."""
     num_reqs = desc.num_reqs or min(desc.num_tokens, max_num_reqs)
-    attn_metadata = prepare_capture_metadata(desc, num_reqs, input_buffers, block_tables, attn_groups,
-                                             compilation_config)
+    attn_metadata = prepare_capture_metadata(
+        desc, num_reqs, input_buffers, block_tables, attn_groups, compilation_config
+    )
 
     def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
         with set_forward_context(attn_metadata, cg_mode, desc):
@@ -224,8 +238,13 @@ class CudaGraphManager:
     capture, metadata included, must still live where it lived then (``check_reads``).
     """
 
-    def __init__(self, backend: GraphBackend, dispatcher: CudagraphDispatcher, check_addresses: bool = False,
-                 shared_warmup: bool = False) -> None:
+    def __init__(
+        self,
+        backend: GraphBackend,
+        dispatcher: CudagraphDispatcher,
+        check_addresses: bool = False,
+        shared_warmup: bool = False,
+    ) -> None:
         self.backend = backend
         self.dispatcher = dispatcher
         self.check_addresses = check_addresses
@@ -236,8 +255,9 @@ class CudaGraphManager:
         self.capture_stats: CaptureStats | None = None
         self.released = False
 
-    def capture(self, create_forward_fn: ForwardFnFactory,
-                progress: Callable[[BatchExecutionDescriptor], None] | None = None) -> None:
+    def capture(
+        self, create_forward_fn: ForwardFnFactory, progress: Callable[[BatchExecutionDescriptor], None] | None = None
+    ) -> None:
         self.backend.synchronize()
         memory_before = self.backend.memory_in_use()
         start = time.perf_counter()
@@ -272,8 +292,12 @@ class CudaGraphManager:
             self.graphs[desc] = CapturedEntry(graph, output, forward_fn)
         return forward_fn
 
-    def check_reads(self, desc: BatchExecutionDescriptor, reads: Mapping[str, torch.Tensor],
-                    source: Callable[[str], str] = lambda name: "") -> None:
+    def check_reads(
+        self,
+        desc: BatchExecutionDescriptor,
+        reads: Mapping[str, torch.Tensor],
+        source: Callable[[str], str] = lambda name: "",
+    ) -> None:
         """Before a replay of ``desc``: every tensor its capture read must still be where it was.
         ``reads`` are the live tensors behind those names (``graph_reads``); ``source(name)`` says who
         produced one, for the error message."""
@@ -297,7 +321,8 @@ class CudaGraphManager:
         return CaptureError(
             f"no graph was captured for {desc} (a shape the graph was not captured for; captured: {captured}). "
             "A graph replays only the exact shape it was captured for: get the descriptor from "
-            "CudagraphDispatcher.dispatch(), which pads a batch to a captured size, or run the batch eagerly")
+            "CudagraphDispatcher.dispatch(), which pads a batch to a captured size, or run the batch eagerly"
+        )
 
     @property
     def captured_sizes(self) -> dict[CUDAGraphMode, list[int]]:
@@ -316,10 +341,13 @@ class CudaGraphManager:
         self.released = True
 
 
-def _check_addresses(desc: BatchExecutionDescriptor, captured: Mapping[str, _Address],
-                     reads: Mapping[str, torch.Tensor], source: Callable[[str], str]) -> None:
-    replaced = [name for name, t in reads.items()
-                if name in captured and t.numel() and _address(t) != captured[name]]
+def _check_addresses(
+    desc: BatchExecutionDescriptor,
+    captured: Mapping[str, _Address],
+    reads: Mapping[str, torch.Tensor],
+    source: Callable[[str], str],
+) -> None:
+    replaced = [name for name, t in reads.items() if name in captured and t.numel() and _address(t) != captured[name]]
     if not replaced:
         return
     names = ", ".join(f"{name}{source(name)}" for name in replaced)
@@ -328,4 +356,5 @@ def _check_addresses(desc: BatchExecutionDescriptor, captured: Mapping[str, _Add
         f"{names} {verb} replaced by a new tensor instead of written in place, so the {desc} graph would "
         "keep reading the storage it saw at capture (stale values, no error on a GPU). Write new values "
         "into the existing tensor (`buffer[:n].copy_(values)`); a metadata builder must fill a buffer it "
-        "allocated once and return a view of it, as ShortConvMetadataBuilder does")
+        "allocated once and return a view of it, as ShortConvMetadataBuilder does"
+    )

@@ -42,8 +42,11 @@ def get_forward_context() -> ForwardContext:
 
 
 @contextmanager
-def set_forward_context(attn_metadata: dict[str, Any] | None, cg_mode: CUDAGraphMode = CUDAGraphMode.NONE,
-                        batch_descriptor: BatchExecutionDescriptor | None = None) -> Iterator[ForwardContext]:
+def set_forward_context(
+    attn_metadata: dict[str, Any] | None,
+    cg_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+    batch_descriptor: BatchExecutionDescriptor | None = None,
+) -> Iterator[ForwardContext]:
     """Make ``attn_metadata`` visible to every layer for the duration of one forward pass."""
     context = ForwardContext(attn_metadata, cg_mode, batch_descriptor)
     token = _CURRENT.set(context)
@@ -70,5 +73,6 @@ def layer_metadata(layer_name: str, strict: bool) -> Any | None:
         raise MissingMetadataError(
             f"{layer_name} needs attention metadata (slot mapping, block table) but the forward context has "
             "none. During capture this means the inputs were prepared with the legacy skip_attn path; build "
-            "metadata at capture: prepare_inputs_to_capture(..., full_cudagraph) as in vLLM PR #49364.")
+            "metadata at capture: prepare_inputs_to_capture(..., full_cudagraph) as in vLLM PR #49364."
+        )
     return None

@@ -41,8 +41,9 @@ class CommonAttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
-def token_requests_and_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                                 num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_requests_and_positions(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token row's request index and position in its sequence; tensor ops only (no host sync).
     Padding rows map to the last request, at positions callers mask."""
     token = torch.arange(num_tokens, device=query_start_loc.device)
@@ -52,8 +53,7 @@ def token_requests_and_positions(query_start_loc: torch.Tensor, seq_lens: torch.
     return request, position
 
 
-def slots_at(block_table: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
-             block_size: int) -> torch.Tensor:
+def slots_at(block_table: torch.Tensor, request: torch.Tensor, position: torch.Tensor, block_size: int) -> torch.Tensor:
     """The cache slot of ``position`` in ``request``'s sequence; ``PAD_SLOT_ID`` where position < 0."""
     safe = position.clamp(min=0)
     block = block_table[request, torch.div(safe, block_size, rounding_mode="floor")]
@@ -102,9 +102,17 @@ class AttentionMetadataBuilder:
         # replay: the key range is sized for the longest sequence the model allows. (A toy artefact:
         # vLLM's kernels stop at the live seq_lens, which they read on the device.)
         max_seq_len = self.max_model_len if for_capture else common.max_seq_len
-        return AttentionMetadata(common.query_start_loc, common.seq_lens, common.block_table_tensor,
-                                 common.slot_mapping, common.num_reqs, common.num_actual_tokens,
-                                 common.max_query_len, max_seq_len, for_capture)
+        return AttentionMetadata(
+            common.query_start_loc,
+            common.seq_lens,
+            common.block_table_tensor,
+            common.slot_mapping,
+            common.num_reqs,
+            common.num_actual_tokens,
+            common.max_query_len,
+            max_seq_len,
+            for_capture,
+        )
 
 
 # ---------------------------------------------------------------- lazily planned attention
@@ -152,8 +160,9 @@ class ShortConvMetadataBuilder(_PersistentBuilder):
         self.kernel_size = config.sconv_kernel_size
         self.block_size = config.block_size
         # Allocated once: graphs read this storage at every replay.
-        self.tap_slots = torch.full((config.max_num_tokens, self.kernel_size - 1), PAD_SLOT_ID,
-                                    dtype=torch.long, device=device)
+        self.tap_slots = torch.full(
+            (config.max_num_tokens, self.kernel_size - 1), PAD_SLOT_ID, dtype=torch.long, device=device
+        )
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> ShortConvMetadata:
         request, position = _real_tokens(common, self.block_size)
@@ -195,27 +204,31 @@ class CompressorMetadataBuilder(_PersistentBuilder):
         completes = (common.slot_mapping >= 0) & (position >= 0) & ((position + 1) % ratio == 0)
         group_start = position - (ratio - 1)
         member = group_start[:, None] + torch.arange(ratio, device=position.device)
-        group_slots = torch.where(completes[:, None], slots_at(table, request[:, None], member, self.block_size),
-                                  PAD_SLOT_ID)
+        group_slots = torch.where(
+            completes[:, None], slots_at(table, request[:, None], member, self.block_size), PAD_SLOT_ID
+        )
         # A compressed entry lives in the block that holds its group, `block_size // ratio` per block.
         compress_slots = torch.where(completes, self._compressed_slot(table, request, group_start), PAD_SLOT_ID)
         groups = torch.arange(self.visible_slots.shape[1], device=position.device)
         done = torch.div(position + 1, ratio, rounding_mode="floor").clamp(min=0)
         visible = groups[None, :] < done[:, None]
         visible_slots = torch.where(
-            visible, self._compressed_slot(table, request[:, None], groups[None, :] * ratio), PAD_SLOT_ID)
+            visible, self._compressed_slot(table, request[:, None], groups[None, :] * ratio), PAD_SLOT_ID
+        )
         n = common.num_tokens
         outs = [self._out(name, n) for name in ("group_slots", "compress_slots", "visible_slots")]
         for out, value in zip(outs, (group_slots, compress_slots, visible_slots)):
             out.copy_(value)
         return CompressorMetadata(common.slot_mapping, *outs)
 
-    def _compressed_slot(self, table: torch.Tensor, request: torch.Tensor,
-                         first_position: torch.Tensor) -> torch.Tensor:
+    def _compressed_slot(
+        self, table: torch.Tensor, request: torch.Tensor, first_position: torch.Tensor
+    ) -> torch.Tensor:
         safe = first_position.clamp(min=0)
         block = table[request, torch.div(safe, self.block_size, rounding_mode="floor")]
-        return block * (self.block_size // self.ratio) + torch.div(safe % self.block_size, self.ratio,
-                                                                   rounding_mode="floor")
+        return block * (self.block_size // self.ratio) + torch.div(
+            safe % self.block_size, self.ratio, rounding_mode="floor"
+        )
 
 
 # ---------------------------------------------------------------- linear attention
@@ -244,20 +257,32 @@ class LinearAttentionMetadataBuilder(_PersistentBuilder):
         self.state_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> LinearAttentionMetadata:
-        if not can_build_metadata(self.cudagraph_support, num_reqs=common.num_reqs,
-                                  num_tokens=common.num_actual_tokens, max_query_len=common.max_query_len,
-                                  for_capture=for_capture):
+        if not can_build_metadata(
+            self.cudagraph_support,
+            num_reqs=common.num_reqs,
+            num_tokens=common.num_actual_tokens,
+            max_query_len=common.max_query_len,
+            for_capture=for_capture,
+        ):
             raise MetadataBuildError(
                 f"{type(self).__name__} cannot build capture metadata (for_capture=True) for a batch of "
                 f"{common.num_actual_tokens} tokens in {common.num_reqs} requests (longest query "
                 f"{common.max_query_len} tokens): its cudagraph_support is {self.cudagraph_support.name}, capture "
                 f"metadata for {self.cudagraph_support.describe()} only. Keep every capture size at or below "
                 f"max_num_reqs ({self.max_num_reqs}) so that capture batches are decode-shaped, or build ordinary "
-                "metadata (for_capture=False) for PIECEWISE capture, as vLLM PR #49364 does")
+                "metadata (for_capture=False) for PIECEWISE capture, as vLLM PR #49364 does"
+            )
         state_indices = self._out("state_indices", common.num_reqs)
         state_indices.copy_(common.block_table_tensor[:, 0])
-        return LinearAttentionMetadata(common.query_start_loc, common.seq_lens, state_indices, common.slot_mapping,
-                                       common.num_reqs, common.num_actual_tokens, common.max_query_len)
+        return LinearAttentionMetadata(
+            common.query_start_loc,
+            common.seq_lens,
+            state_indices,
+            common.slot_mapping,
+            common.num_reqs,
+            common.num_actual_tokens,
+            common.max_query_len,
+        )
 
 
 def _real_tokens(common: CommonAttentionMetadata, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,8 +313,12 @@ class AttentionGroup:
     layer_names: list[str]
 
 
-def build_attn_groups(config: ToyConfig, device: torch.device, builders: dict[str, MetadataBuilder] | None = None,
-                      layers: Sequence[tuple[str, str]] | None = None) -> list[AttentionGroup]:
+def build_attn_groups(
+    config: ToyConfig,
+    device: torch.device,
+    builders: dict[str, MetadataBuilder] | None = None,
+    layers: Sequence[tuple[str, str]] | None = None,
+) -> list[AttentionGroup]:
     """One group per layer kind; ``builders`` overrides a kind's builder. ``layers``: ``(name, kind)``
     pairs, by default the model's; a drafter's layers join the target's groups (shared block tables)."""
     factories = {
@@ -318,12 +347,16 @@ def _check_builders(builders: object) -> None:
         if kind not in LAYER_KINDS:  # a typo would otherwise silently keep the default builder
             raise ConfigError(f"builders has unknown layer kind {kind!r}; valid kinds: {', '.join(LAYER_KINDS)}")
         if builder is not None and not callable(getattr(builder, "build", None)):
-            raise ConfigError(f"builders[{kind!r}] must have a build(common, for_capture) method, got "
-                              f"{type(builder).__name__}; pass e.g. ShortConvMetadataBuilder(config, device)")
+            raise ConfigError(
+                f"builders[{kind!r}] must have a build(common, for_capture) method, got "
+                f"{type(builder).__name__}; pass e.g. ShortConvMetadataBuilder(config, device)"
+            )
         if builder is not None and not isinstance(getattr(builder, "cudagraph_support", None), AttentionCGSupport):
-            raise ConfigError(f"builders[{kind!r}] ({type(builder).__name__}) must say which batches it can build "
-                              "capture metadata for: give it a cudagraph_support attribute, e.g. "
-                              "cudagraph_support = AttentionCGSupport.ALWAYS (the graph mode is lowered from it)")
+            raise ConfigError(
+                f"builders[{kind!r}] ({type(builder).__name__}) must say which batches it can build "
+                "capture metadata for: give it a cudagraph_support attribute, e.g. "
+                "cudagraph_support = AttentionCGSupport.ALWAYS (the graph mode is lowered from it)"
+            )
 
 
 def min_cudagraph_support(attn_groups: Sequence[AttentionGroup]) -> tuple[AttentionCGSupport, str]:
@@ -335,15 +368,25 @@ def min_cudagraph_support(attn_groups: Sequence[AttentionGroup]) -> tuple[Attent
     return support, name
 
 
-def prepare_attn(input_batch: InputBatch, block_table: torch.Tensor, slot_mapping: torch.Tensor,
-                 attn_groups: Sequence[AttentionGroup], for_capture: bool = False) -> dict[str, Any]:
+def prepare_attn(
+    input_batch: InputBatch,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    attn_groups: Sequence[AttentionGroup],
+    for_capture: bool = False,
+) -> dict[str, Any]:
     """Every layer's metadata for one step, ``{layer_name: metadata}``; ``for_capture``: capture-safe
     metadata for FULL graphs (sizes that fit any replay)."""
     common = CommonAttentionMetadata(
-        query_start_loc=input_batch.query_start_loc, seq_lens=input_batch.seq_lens,
-        block_table_tensor=block_table, slot_mapping=slot_mapping, num_reqs=input_batch.num_reqs,
-        num_actual_tokens=input_batch.num_tokens, max_query_len=input_batch.max_query_len,
-        max_seq_len=input_batch.max_seq_len)
+        query_start_loc=input_batch.query_start_loc,
+        seq_lens=input_batch.seq_lens,
+        block_table_tensor=block_table,
+        slot_mapping=slot_mapping,
+        num_reqs=input_batch.num_reqs,
+        num_actual_tokens=input_batch.num_tokens,
+        max_query_len=input_batch.max_query_len,
+        max_seq_len=input_batch.max_seq_len,
+    )
     metadata: dict[str, Any] = {}
     for group in attn_groups:
         built = group.builder.build(common, for_capture=for_capture)

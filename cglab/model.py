@@ -44,8 +44,9 @@ class ToyTransformer(nn.Module):
     """Embeddings, one ``DecoderLayer`` per pattern entry, a norm and the LM head; weights depend only on
     ``config`` (seeded, built on the CPU), the basis of every replay-vs-eager comparison."""
 
-    def __init__(self, config: ToyConfig, device: str | torch.device = "cpu", return_hidden_states: bool = False
-                 ) -> None:
+    def __init__(
+        self, config: ToyConfig, device: str | torch.device = "cpu", return_hidden_states: bool = False
+    ) -> None:
         super().__init__()
         self.config = config
         self.return_hidden_states = return_hidden_states
@@ -54,7 +55,8 @@ class ToyTransformer(nn.Module):
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
             self.embed_positions = nn.Embedding(config.max_model_len, config.hidden_size)
             self.layers = nn.ModuleList(
-                DecoderLayer(config, kind, name) for kind, name in zip(config.layers, config.layer_names))
+                DecoderLayer(config, kind, name) for kind, name in zip(config.layers, config.layer_names)
+            )
             self.norm = nn.RMSNorm(config.hidden_size)
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.requires_grad_(False)
@@ -73,5 +75,8 @@ class ToyTransformer(nn.Module):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every cache and state tensor, keyed ``"layers.2.compressor.state_cache"``."""
-        return {f"{layer.mixer.layer_name}.{key}": value
-                for layer in self.layers for key, value in layer.mixer.state_tensors().items()}
+        return {
+            f"{layer.mixer.layer_name}.{key}": value
+            for layer in self.layers
+            for key, value in layer.mixer.state_tensors().items()
+        }

@@ -34,8 +34,9 @@ MAX_POOL = 256
 MAX_SLOTS = 2**20  # cache rows per layer: about 128 MiB each at hidden size 32, float32
 MAX_CAPTURE_SIZE = 1024  # vLLM's default ladder stops at 512; more only makes a CPU capture crawl
 # Fields repro_config sizes itself from the scenario; every other ToyConfig field may be overridden.
-_DERIVED_FIELDS = frozenset({"layers", "max_num_reqs", "max_model_len", "num_blocks", "seed",
-                             "strict_layers", "max_num_batched_tokens"})
+_DERIVED_FIELDS = frozenset(
+    {"layers", "max_num_reqs", "max_model_len", "num_blocks", "seed", "strict_layers", "max_num_batched_tokens"}
+)
 
 
 @dataclass
@@ -76,8 +77,21 @@ class ReproResult:
 
     def to_json(self) -> dict[str, Any]:
         """The CLI contract's keys, in its order."""
-        keys = ("mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk",
-                "cudagraph_mode", "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error")
+        keys = (
+            "mode",
+            "piecewise_flavor",
+            "legacy_skip_attn",
+            "layers",
+            "backend",
+            "steps",
+            "prefill_chunk",
+            "cudagraph_mode",
+            "captured_sizes",
+            "steps_by_mode",
+            "max_abs_diff",
+            "state_diverged",
+            "error",
+        )
         if self.num_speculative_tokens:
             keys += ("acceptance_rate", "reference_acceptance_rate")
         data = asdict(self)
@@ -91,8 +105,11 @@ class ReproResult:
     @property
     def diverged(self) -> bool:
         """Replay and eager disagree in some step's logits, a final cache or the generated tokens."""
-        return (bool(self.state_diverged) or self.outputs_identical is False
-                or (self.max_abs_diff is not None and exceeds(self.max_abs_diff, self.tolerance)))
+        return (
+            bool(self.state_diverged)
+            or self.outputs_identical is False
+            or (self.max_abs_diff is not None and exceeds(self.max_abs_diff, self.tolerance))
+        )
 
     @property
     def non_finite(self) -> bool:
@@ -112,8 +129,11 @@ class ReproResult:
     @property
     def lost_acceptance(self) -> bool:
         """The drafter accepted fewer drafts than when run eagerly: exact outputs, lost speed."""
-        return (self.acceptance_rate is not None and self.reference_acceptance_rate is not None
-                and self.acceptance_rate < self.reference_acceptance_rate)
+        return (
+            self.acceptance_rate is not None
+            and self.reference_acceptance_rate is not None
+            and self.acceptance_rate < self.reference_acceptance_rate
+        )
 
 
 def tolerance(dtype: str) -> float:
@@ -128,14 +148,27 @@ def repro_capture_sizes(capture_sizes: Sequence[int] | None, num_speculative_tok
     multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
     if capture_sizes is None:
         capture_sizes = tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
-    check_sizes("capture size", capture_sizes, MAX_CAPTURE_SIZE,
-                note=" (batches above every capture size run eagerly anyway: drop it)")
+    check_sizes(
+        "capture size",
+        capture_sizes,
+        MAX_CAPTURE_SIZE,
+        note=" (batches above every capture size run eagerly anyway: drop it)",
+    )
     return tuple(capture_sizes)
 
 
-def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | None, batch_sizes: Sequence[int],
-                 steps: int, seed: int = 0, strict_layers: bool = False, num_speculative_tokens: int = 0,
-                 max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False, **overrides: Any) -> ToyConfig:
+def repro_config(
+    layers: str | Sequence[str],
+    capture_sizes: Sequence[int] | None,
+    batch_sizes: Sequence[int],
+    steps: int,
+    seed: int = 0,
+    strict_layers: bool = False,
+    num_speculative_tokens: int = 0,
+    max_num_reqs: int | None = None,
+    pre_49751_dummy_split: bool = False,
+    **overrides: Any,
+) -> ToyConfig:
     """A config sized for the scenario: the pool holds the largest batch, the caches every prompt and step.
 
     ``max_num_reqs`` (None: the largest batch size) shapes the capture batches: a capture size above it
@@ -149,25 +182,35 @@ def repro_config(layers: str | Sequence[str], capture_sizes: Sequence[int] | Non
     check_int("steps", steps, 1, MAX_STEPS)
     pool = max(batch_sizes)
     if pool > MAX_POOL:
-        raise ConfigError(f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; "
-                          "use smaller batch sizes")
+        raise ConfigError(
+            f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; use smaller batch sizes"
+        )
     max_num_reqs = _check_max_num_reqs(max_num_reqs, pool)
     block_size = check_int("block_size", overrides.pop("block_size", 4))
     # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
     max_model_len = _round_up(_MAX_PROMPT + steps * (k + 1) + k, block_size)
     if pool * max_model_len > MAX_SLOTS:
-        raise ConfigError(f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
-                          f"per layer, above the toy's {MAX_SLOTS}; use fewer steps"
-                          f"{', fewer speculative tokens' if k else ''} or a smaller largest batch size")
+        raise ConfigError(
+            f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
+            f"per layer, above the toy's {MAX_SLOTS}; use fewer steps"
+            f"{', fewer speculative tokens' if k else ''} or a smaller largest batch size"
+        )
     if not pre_49751_dummy_split:
         _check_capture_fits(capture_sizes, max_num_reqs, max_model_len, given=max_num_reqs != pool)
     # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
     # capture size (vLLM never captures above its budget).
     budget = max(128, pool + _MAX_PROMPT, pool * (k + 1), *capture_sizes)
-    return ToyConfig(layers=parse_layer_pattern(layers), max_num_reqs=max_num_reqs,
-                     max_model_len=max_model_len, block_size=block_size,
-                     num_blocks=pool * (max_model_len // block_size), seed=seed, strict_layers=strict_layers,
-                     max_num_batched_tokens=budget, **overrides)
+    return ToyConfig(
+        layers=parse_layer_pattern(layers),
+        max_num_reqs=max_num_reqs,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_blocks=pool * (max_model_len // block_size),
+        seed=seed,
+        strict_layers=strict_layers,
+        max_num_batched_tokens=budget,
+        **overrides,
+    )
 
 
 _MIN_PROMPT, _MAX_PROMPT = 5, 14
@@ -181,9 +224,11 @@ def _check_max_num_reqs(max_num_reqs: object, pool: int) -> int:
     if max_num_reqs is None:
         return pool
     if isinstance(max_num_reqs, bool) or not isinstance(max_num_reqs, int) or not pool <= max_num_reqs <= MAX_POOL:
-        raise ConfigError(f"max_num_reqs must be an integer from the largest batch size ({pool}) to {MAX_POOL}, "
-                          f"got {max_num_reqs!r}: a step of {pool} requests must fit the engine; raise it or use "
-                          "smaller batch sizes")
+        raise ConfigError(
+            f"max_num_reqs must be an integer from the largest batch size ({pool}) to {MAX_POOL}, "
+            f"got {max_num_reqs!r}: a step of {pool} requests must fit the engine; raise it or use "
+            "smaller batch sizes"
+        )
     return max_num_reqs
 
 
@@ -198,19 +243,23 @@ def _check_capture_fits(capture_sizes: Sequence[int], max_num_reqs: int, max_mod
             f"capture size {s} does not fit this scenario: its capture batch puts "
             f"{dummy_longest_request(s, max_num_reqs)} tokens in one of {max_num_reqs} requests ({limit}), above the "
             f"{max_model_len} tokens a request may hold (the longest prompt plus the steps); drop capture sizes above "
-            f"{first_bad - 1}, or raise {limit} or the steps")
+            f"{first_bad - 1}, or raise {limit} or the steps"
+        )
 
 
 def _check_overrides(overrides: dict[str, Any]) -> None:
     allowed = sorted(f.name for f in fields(ToyConfig) if f.init and f.name not in _DERIVED_FIELDS)
     unknown = sorted(set(overrides) - set(allowed))
     if unknown:
-        raise ConfigError(f"unknown or derived config override(s) {', '.join(unknown)}; "
-                          f"run_repro accepts: {', '.join(allowed)} (it sizes the rest from the scenario)")
+        raise ConfigError(
+            f"unknown or derived config override(s) {', '.join(unknown)}; "
+            f"run_repro accepts: {', '.join(allowed)} (it sizes the rest from the scenario)"
+        )
 
 
-def make_workload(config: ToyConfig, num_steps_tokens: int, num_requests: int | None = None
-                  ) -> tuple[list[list[int]], list[list[int]]]:
+def make_workload(
+    config: ToyConfig, num_steps_tokens: int, num_requests: int | None = None
+) -> tuple[list[list[int]], list[list[int]]]:
     """Prompts of different lengths and each request's decode tokens, seeded (None: ``max_num_reqs``)."""
     gen = torch.Generator().manual_seed(config.seed + 1)
     pool = config.max_num_reqs if num_requests is None else num_requests
@@ -220,8 +269,13 @@ def make_workload(config: ToyConfig, num_steps_tokens: int, num_requests: int | 
     return prompts, decode
 
 
-def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], batch_sizes: Sequence[int],
-             steps: int, prefill_chunk: int) -> Iterator[tuple[dict[str, list[int]], bool]]:
+def schedule(
+    prompts: Sequence[Sequence[int]],
+    decode: Sequence[Sequence[int]],
+    batch_sizes: Sequence[int],
+    steps: int,
+    prefill_chunk: int,
+) -> Iterator[tuple[dict[str, list[int]], bool]]:
     """The steps of a run, as ``(scheduled, eager)``: eager prefills then decodes of the first
     ``batch_sizes[i % len]`` requests, or (``prefill_chunk=N``) up to N prompt tokens a step beside them."""
     if prefill_chunk == 0:
@@ -240,49 +294,101 @@ def schedule(prompts: Sequence[Sequence[int]], decode: Sequence[Sequence[int]], 
         for i, prompt in enumerate(prompts):
             n = min(budget, len(prompt) - prefilled[i])
             if n > 0:
-                scheduled[f"req{i}"] = list(prompt[prefilled[i]: prefilled[i] + n])
+                scheduled[f"req{i}"] = list(prompt[prefilled[i] : prefilled[i] + n])
                 prefilled[i] += n
                 budget -= n
         yield scheduled, False
 
 
-def repro_compilation_config(mode: str | CUDAGraphMode, legacy_skip_attn: bool, piecewise_flavor: str,
-                             splitting_ops: Sequence[str] | None, uniform_decode_by_shape: bool,
-                             capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0,
-                             pre_49751_dummy_split: bool = False) -> CompilationConfig:
+def repro_compilation_config(
+    mode: str | CUDAGraphMode,
+    legacy_skip_attn: bool,
+    piecewise_flavor: str,
+    splitting_ops: Sequence[str] | None,
+    uniform_decode_by_shape: bool,
+    capture_sizes: Sequence[int] | None,
+    num_speculative_tokens: int = 0,
+    pre_49751_dummy_split: bool = False,
+) -> CompilationConfig:
     """The graph runner's ``CompilationConfig`` from the switches ``run_repro`` and ``run_spec_repro`` take."""
     flavor = parse_piecewise_flavor(piecewise_flavor)
-    return CompilationConfig(CUDAGraphMode.parse(mode), repro_capture_sizes(capture_sizes, num_speculative_tokens),
-                             use_breakable_cg=flavor == "breakable",
-                             splitting_ops=splitting_ops, legacy_skip_attn=legacy_skip_attn,
-                             uniform_decode_by_shape=uniform_decode_by_shape,
-                             pre_49751_dummy_split=pre_49751_dummy_split)
+    return CompilationConfig(
+        CUDAGraphMode.parse(mode),
+        repro_capture_sizes(capture_sizes, num_speculative_tokens),
+        use_breakable_cg=flavor == "breakable",
+        splitting_ops=splitting_ops,
+        legacy_skip_attn=legacy_skip_attn,
+        uniform_decode_by_shape=uniform_decode_by_shape,
+        pre_49751_dummy_split=pre_49751_dummy_split,
+    )
 
 
-def new_result(cc: CompilationConfig, config: ToyConfig, steps: int, prefill_chunk: int = 0,
-               num_speculative_tokens: int = 0) -> ReproResult:
+def new_result(
+    cc: CompilationConfig, config: ToyConfig, steps: int, prefill_chunk: int = 0, num_speculative_tokens: int = 0
+) -> ReproResult:
     """An empty result for the case ``cc`` names, before any runner runs."""
-    return ReproResult(cc.cudagraph_mode.value, cc.piecewise_flavor, cc.legacy_skip_attn, ",".join(config.layers),
-                       "eager", {}, steps, prefill_chunk, {}, None, None, None, tolerance=tolerance(config.dtype),
-                       num_speculative_tokens=num_speculative_tokens)
+    return ReproResult(
+        cc.cudagraph_mode.value,
+        cc.piecewise_flavor,
+        cc.legacy_skip_attn,
+        ",".join(config.layers),
+        "eager",
+        {},
+        steps,
+        prefill_chunk,
+        {},
+        None,
+        None,
+        None,
+        tolerance=tolerance(config.dtype),
+        num_speculative_tokens=num_speculative_tokens,
+    )
 
 
-def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool = False,
-              piecewise_flavor: str = "compiled", splitting_ops: Sequence[str] | None = None,
-              layers: str | Sequence[str] = "sconv,attn,compressor,attn", strict_layers: bool = False,
-              capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
-              prefill_chunk: int = 0, uniform_decode_by_shape: bool = False, seed: int = 0, device: str = "cpu",
-              max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False,
-              progress: Callable[[], object] | None = None,
-              **config_overrides: Any) -> ReproResult:
+def run_repro(
+    mode: str | CUDAGraphMode = "piecewise",
+    *,
+    legacy_skip_attn: bool = False,
+    piecewise_flavor: str = "compiled",
+    splitting_ops: Sequence[str] | None = None,
+    layers: str | Sequence[str] = "sconv,attn,compressor,attn",
+    strict_layers: bool = False,
+    capture_sizes: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] = (3, 1, 8),
+    steps: int = 16,
+    prefill_chunk: int = 0,
+    uniform_decode_by_shape: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    max_num_reqs: int | None = None,
+    pre_49751_dummy_split: bool = False,
+    progress: Callable[[], object] | None = None,
+    **config_overrides: Any,
+) -> ReproResult:
     """Run ``schedule``'s steps on a graph runner and an eager reference; compare every step's logits
     (then call ``progress()``) and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``;
     ``result.cudagraph_mode`` is the policy after lowering for the builders. Switches that change
     nothing in ``mode`` are accepted, so tables can set every case alike (the CLI warns about them)."""
-    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
-                                  capture_sizes, pre_49751_dummy_split=pre_49751_dummy_split)
-    config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers,
-                          max_num_reqs=max_num_reqs, pre_49751_dummy_split=pre_49751_dummy_split, **config_overrides)
+    cc = repro_compilation_config(
+        mode,
+        legacy_skip_attn,
+        piecewise_flavor,
+        splitting_ops,
+        uniform_decode_by_shape,
+        capture_sizes,
+        pre_49751_dummy_split=pre_49751_dummy_split,
+    )
+    config = repro_config(
+        layers,
+        capture_sizes,
+        batch_sizes,
+        steps,
+        seed,
+        strict_layers,
+        max_num_reqs=max_num_reqs,
+        pre_49751_dummy_split=pre_49751_dummy_split,
+        **config_overrides,
+    )
     # Bad input fails here, before any runner is built.
     ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
     _check_prefill_chunk(prefill_chunk, config, batch_sizes)
@@ -321,8 +427,13 @@ def run_repro(mode: str | CUDAGraphMode = "piecewise", *, legacy_skip_attn: bool
     return result
 
 
-def failed_capture(result: ReproResult, error: CaptureError, eager: ModelRunner, splitting_ops: Sequence[str],
-                   decode_query_len: int = 1) -> ReproResult:
+def failed_capture(
+    result: ReproResult,
+    error: CaptureError,
+    eager: ModelRunner,
+    splitting_ops: Sequence[str],
+    decode_query_len: int = 1,
+) -> ReproResult:
     """``result`` of a run whose capture raised: the error, the graph backend and the policy, lowered
     from the builders of ``eager`` (a runner of the same config) as the failed runner lowered it."""
     result.error = f"{type(error).__name__}: {error}"
@@ -330,7 +441,8 @@ def failed_capture(result: ReproResult, error: CaptureError, eager: ModelRunner,
     if mode is not CUDAGraphMode.NONE:
         result.backend = "cuda" if eager.device.type == "cuda" else "sim"
     resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-        mode, eager.attn_groups, eager.config.layers, result.piecewise_flavor, splitting_ops, decode_query_len)
+        mode, eager.attn_groups, eager.config.layers, result.piecewise_flavor, splitting_ops, decode_query_len
+    )
     result.cudagraph_mode = resolved.value
     return result
 
@@ -342,8 +454,13 @@ def compare_final_state(result: ReproResult, runner: HasState, reference: HasSta
     result.state_diverged = any(exceeds(d, result.tolerance) for d in result.state_diffs.values())
 
 
-def divergence_verdict(result: ReproResult, cache_groups: dict[str, list[str]] | None = None, *,
-                       caches_only: bool = False, name_caches: bool = False) -> str:
+def divergence_verdict(
+    result: ReproResult,
+    cache_groups: dict[str, list[str]] | None = None,
+    *,
+    caches_only: bool = False,
+    name_caches: bool = False,
+) -> str:
     """Which parts DIVERGED from eager and which match (``"caches DIVERGED from eager; logits match"``):
     a broken drafter leaves the logits exact. ``cache_groups``: caches by owner (default ``"caches"``);
     ``caches_only``: leave out logits and tokens; ``name_caches``: list each group's diverged caches."""
@@ -376,5 +493,10 @@ def _and(items: Sequence[str]) -> str:
 
 
 def _check_prefill_chunk(prefill_chunk: object, config: ToyConfig, batch_sizes: Sequence[int]) -> None:
-    check_int("prefill_chunk (0: prefill eagerly first)", prefill_chunk, 0,
-              config.max_num_batched_tokens - max(batch_sizes), " (what a step holds beside its decode tokens)")
+    check_int(
+        "prefill_chunk (0: prefill eagerly first)",
+        prefill_chunk,
+        0,
+        config.max_num_batched_tokens - max(batch_sizes),
+        " (what a step holds beside its decode tokens)",
+    )

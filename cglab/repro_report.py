@@ -12,8 +12,10 @@ from cglab.config import CUDAGraphMode
 from cglab.repro import ReproResult, divergence_verdict
 from cglab.spec_decode.repro import spec_divergence_verdict, summarize_spec
 
-LEGACY_NOTE = ("--legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
-               "capture metadata before the fix too")
+LEGACY_NOTE = (
+    "--legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
+    "capture metadata before the fix too"
+)
 
 
 def repro_header(result: ReproResult, *, python_guards: bool = False, frozen_step_index: bool = False) -> str:
@@ -22,10 +24,12 @@ def repro_header(result: ReproResult, *, python_guards: bool = False, frozen_ste
     flavor = f" ({result.piecewise_flavor})" if "piecewise" in result.mode else ""
     guards = ", guards in plain Python" if python_guards else ""
     # Named with its value: the same mode and layers give a different acceptance with it on.
-    frozen = (", --frozen-step-index on (the draft step index is a Python int frozen at capture)"
-              if frozen_step_index else "")
-    return (f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}{frozen}, "
-            f"backend {result.backend}")
+    frozen = (
+        ", --frozen-step-index on (the draft step index is a Python int frozen at capture)" if frozen_step_index else ""
+    )
+    return (
+        f"mode {result.mode.upper()}{flavor}{legacy}, layers {result.layers}{guards}{frozen}, backend {result.backend}"
+    )
 
 
 def repro_verdict(result: ReproResult) -> str:
@@ -38,8 +42,11 @@ def repro_verdict(result: ReproResult) -> str:
 def legacy_switch_idle(result: ReproResult) -> bool:
     """Whether ``--legacy-skip-attn`` changed nothing: the policy, as lowered, captured no PIECEWISE graph
     (known once the runner resolved it; ``--mode none`` is warned about before the run)."""
-    return (result.legacy_skip_attn and result.mode != "none"
-            and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes())
+    return (
+        result.legacy_skip_attn
+        and result.mode != "none"
+        and CUDAGraphMode.PIECEWISE not in CUDAGraphMode(result.cudagraph_mode).runtime_modes()
+    )
 
 
 def no_graph_replayed(result: ReproResult) -> bool:
@@ -58,13 +65,22 @@ def print_repro(result: ReproResult, *, python_guards: bool = False, frozen_step
     if result.error:
         print(f"  ERROR: {result.error}")
     if result.max_abs_diff is not None:
-        what = (f"steps (prompts in chunks of {result.prefill_chunk})" if result.prefill_chunk
-                else "speculative steps" if result.num_speculative_tokens else "decode steps")
-        print(f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager|: "
-              f"{result.max_abs_diff_text}, caches diverged: {result.state_diverged} -> {repro_verdict(result)}")
+        what = (
+            f"steps (prompts in chunks of {result.prefill_chunk})"
+            if result.prefill_chunk
+            else "speculative steps"
+            if result.num_speculative_tokens
+            else "decode steps"
+        )
+        print(
+            f"  {result.steps} {what}, ran as {result.steps_by_mode}: max |replay - eager|: "
+            f"{result.max_abs_diff_text}, caches diverged: {result.state_diverged} -> {repro_verdict(result)}"
+        )
         if no_graph_replayed(result):
-            print("  no batch fitted a captured graph, so this run says nothing about graphs: use --batch-sizes "
-                  "within --capture-sizes (and, for full_decode_only, decode steps)")
+            print(
+                "  no batch fitted a captured graph, so this run says nothing about graphs: use --batch-sizes "
+                "within --capture-sizes (and, for full_decode_only, decode steps)"
+            )
     if result.acceptance_rate is not None:
         print(f"  {result.num_speculative_tokens} speculative tokens, drafts ran as {result.draft_steps_by_mode}")
         for line in summarize_spec(result).splitlines():

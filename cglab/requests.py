@@ -18,7 +18,8 @@ class BlockPool:
         if n > len(self._free):
             raise CapacityError(
                 f"the paged caches are full: {n} more block(s) needed, {len(self._free)} free of {self.num_blocks}; "
-                "raise ToyConfig.num_blocks or free finished requests with free_request()")
+                "raise ToyConfig.num_blocks or free finished requests with free_request()"
+            )
         return [self._free.pop() for _ in range(n)]
 
     def free(self, blocks: list[int]) -> None:

@@ -54,8 +54,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if resolved.type not in DEVICES:
         raise ConfigError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' was asked for but no CUDA GPU is visible; "
-                          "use device 'cpu' (--device cpu) to run the CPU simulator of CUDA graphs")
+        raise ConfigError(
+            "device 'cuda' was asked for but no CUDA GPU is visible; "
+            "use device 'cpu' (--device cpu) to run the CPU simulator of CUDA graphs"
+        )
     return resolved
 
 
@@ -83,10 +85,16 @@ class StepOutput:
 class ModelRunner:
     """A toy engine: a model, its persistent buffers, its metadata builders and its graphs."""
 
-    def __init__(self, config: ToyConfig, compilation_config: CompilationConfig | str | CUDAGraphMode = "none", *,
-                 device: str | torch.device = "cpu", builders: dict[str, MetadataBuilder] | None = None,
-                 progress: Callable[[BatchExecutionDescriptor], None] | None = None,
-                 speculative_config: SpeculativeConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: ToyConfig,
+        compilation_config: CompilationConfig | str | CUDAGraphMode = "none",
+        *,
+        device: str | torch.device = "cpu",
+        builders: dict[str, MetadataBuilder] | None = None,
+        progress: Callable[[BatchExecutionDescriptor], None] | None = None,
+        speculative_config: SpeculativeConfig | None = None,
+    ) -> None:
         """``compilation_config``: how to compile and capture, or a mode name for a config with only
         that mode (``"none"``: the eager reference every comparison uses). ``builders``: metadata
         builders by layer kind, replacing the defaults. ``progress(desc)``: called after each capture.
@@ -98,13 +106,16 @@ class ModelRunner:
         start-up: ``cudagraph_mode`` is the policy used, ``cudagraph_mode_note`` why (None: as asked).
         """
         if not isinstance(config, ToyConfig):
-            raise ConfigError(f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
-                              "build one with ToyConfig(layers='sconv,attn', ...)")
+            raise ConfigError(
+                f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
+                "build one with ToyConfig(layers='sconv,attn', ...)"
+            )
         if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
             raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
         if progress is not None and not callable(progress):
-            raise ConfigError(f"progress must be a function, called with each descriptor once captured, or None; "
-                              f"got {progress!r}")
+            raise ConfigError(
+                f"progress must be a function, called with each descriptor once captured, or None; got {progress!r}"
+            )
         cc = self.compilation_config = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
@@ -115,20 +126,28 @@ class ModelRunner:
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
         # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
         self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
-        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, self.device,
-                                          cc.pre_49751_dummy_split)
-        self.block_tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size,
-                                        config.max_num_tokens, self.device)
+        self.input_buffers = InputBuffers(
+            config.max_num_reqs, config.max_num_tokens, self.device, cc.pre_49751_dummy_split
+        )
+        self.block_tables = BlockTables(
+            config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens, self.device
+        )
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
         self.attn_groups = build_attn_groups(config, self.device, builders, layers)
         # Before the dispatcher and the compile backend: both follow the lowered policy.
         self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-            cc.cudagraph_mode, self.attn_groups, config.layers, cc.piecewise_flavor, self.splitting_ops,
-            decode_query_len)
+            cc.cudagraph_mode,
+            self.attn_groups,
+            config.layers,
+            cc.piecewise_flavor,
+            self.splitting_ops,
+            decode_query_len,
+        )
         if self.cudagraph_mode is not CUDAGraphMode.NONE:
             cc.check_capture_sizes(config)
-        self.dispatcher = CudagraphDispatcher(self.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs,
-                                              decode_query_len)
+        self.dispatcher = CudagraphDispatcher(
+            self.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs, decode_query_len
+        )
         self.block_pool = BlockPool(config.num_blocks)
         self.requests: dict[str, RequestState] = {}
         self.cudagraph_manager: CudaGraphManager | None = None
@@ -138,13 +157,22 @@ class ModelRunner:
         if self.cudagraph_mode is not CUDAGraphMode.NONE:
             graph_backend = self.graph_backend = get_backend(
                 ("cuda" if self.device.type == "cuda" else "sim") if cc.graph_backend == "auto" else cc.graph_backend,
-                self.device)
+                self.device,
+            )
             if cc.check_addresses is None:
                 self.check_addresses = graph_backend.name == "sim"
-            self.forward_model = build_forward_model(self.model, cc, self.cudagraph_mode, graph_backend,
-                                                     self.splitting_ops, self.compile_backend, self.check_addresses)
-            self.cudagraph_manager = CudaGraphManager(graph_backend, self.dispatcher, self.check_addresses,
-                                                      shared_warmup=not cc.use_breakable_cg)
+            self.forward_model = build_forward_model(
+                self.model,
+                cc,
+                self.cudagraph_mode,
+                graph_backend,
+                self.splitting_ops,
+                self.compile_backend,
+                self.check_addresses,
+            )
+            self.cudagraph_manager = CudaGraphManager(
+                graph_backend, self.dispatcher, self.check_addresses, shared_warmup=not cc.use_breakable_cg
+            )
         with torch.inference_mode():
             self.profile_run()
             if self.cudagraph_manager is not None:
@@ -204,21 +232,30 @@ class ModelRunner:
         except MissingMetadataError:  # only a strict layer raises it: the trace is done, capture will fail
             pass
         except CaptureError as exc:  # same type, so callers can still tell the rules apart
-            raise type(exc)(f"the profiling run before capture (the model's first compiled call, where torch.compile "
-                            f"traces it) failed: {exc}") from exc
+            raise type(exc)(
+                f"the profiling run before capture (the model's first compiled call, where torch.compile "
+                f"traces it) failed: {exc}"
+            ) from exc
 
     # ------------------------------------------------------------ capture
     def create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
         """Prepare ``desc``'s dummy inputs and metadata; return the forward the manager captures."""
         input_ids = self.input_buffers.input_ids[: desc.num_tokens]
         positions = self.input_buffers.positions[: desc.num_tokens]
-        return create_capture_forward(desc, self.config.max_num_reqs, self.input_buffers, self.block_tables,
-                                      self.attn_groups, self.compilation_config,
-                                      lambda num_reqs: self.forward_model(input_ids, positions),
-                                      lambda metadata: self._graph_reads(metadata, input_ids, positions))
+        return create_capture_forward(
+            desc,
+            self.config.max_num_reqs,
+            self.input_buffers,
+            self.block_tables,
+            self.attn_groups,
+            self.compilation_config,
+            lambda num_reqs: self.forward_model(input_ids, positions),
+            lambda metadata: self._graph_reads(metadata, input_ids, positions),
+        )
 
-    def _graph_reads(self, attn_metadata: dict[str, Any] | None, input_ids: torch.Tensor,
-                     positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _graph_reads(
+        self, attn_metadata: dict[str, Any] | None, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """What a graph reads from outside itself: inputs, caches and metadata (checked at replay)."""
         return graph_reads(attn_metadata, input_ids=input_ids, positions=positions, **self.state_tensors())
 
@@ -264,15 +301,26 @@ class ModelRunner:
         for r, s in zip(reqs, seq_lens):
             self.reserve_blocks(r, s)
         num_reqs, num_tokens = len(reqs), sum(query_lens)
-        desc = (BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs) if eager
-                else self.dispatcher.dispatch(num_reqs, num_tokens, self._uniform_token_count(reqs, query_lens)))
+        desc = (
+            BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs)
+            if eager
+            else self.dispatcher.dispatch(num_reqs, num_tokens, self._uniform_token_count(reqs, query_lens))
+        )
         graph = desc.cg_mode is not CUDAGraphMode.NONE
         num_tokens_padded = desc.num_tokens if graph else num_tokens
         num_reqs_padded = (desc.num_reqs or num_reqs) if graph else num_reqs
 
-        input_batch, attn_metadata = prepare_inputs(reqs, query_lens, seq_lens, [t for ts in new_tokens for t in ts],
-                                                    self.input_buffers, self.block_tables, self.attn_groups,
-                                                    num_tokens_padded, num_reqs_padded)
+        input_batch, attn_metadata = prepare_inputs(
+            reqs,
+            query_lens,
+            seq_lens,
+            [t for ts in new_tokens for t in ts],
+            self.input_buffers,
+            self.block_tables,
+            self.attn_groups,
+            num_tokens_padded,
+            num_reqs_padded,
+        )
         return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
 
     def _uniform_token_count(self, reqs: Sequence[RequestState], query_lens: Sequence[int]) -> int | None:
@@ -287,8 +335,9 @@ class ModelRunner:
         manager = self.cudagraph_manager
         with torch.inference_mode():
             if desc.cg_mode is not CUDAGraphMode.NONE and manager is not None and manager.check_addresses:
-                manager.check_reads(desc, self._graph_reads(prepared.attn_metadata, batch.input_ids,
-                                                            batch.positions), self._source)
+                manager.check_reads(
+                    desc, self._graph_reads(prepared.attn_metadata, batch.input_ids, batch.positions), self._source
+                )
             if desc.cg_mode is CUDAGraphMode.FULL:
                 assert manager is not None
                 return manager.run_fullgraph(desc)
@@ -301,8 +350,10 @@ class ModelRunner:
         if not scheduled:
             raise ConfigError("the step schedules no request; pass {request_id: [token ids], ...}")
         if len(scheduled) > self.config.max_num_reqs:
-            raise ConfigError(f"{len(scheduled)} requests in one step, but max_num_reqs is "
-                              f"{self.config.max_num_reqs}; schedule fewer or raise ToyConfig.max_num_reqs")
+            raise ConfigError(
+                f"{len(scheduled)} requests in one step, but max_num_reqs is "
+                f"{self.config.max_num_reqs}; schedule fewer or raise ToyConfig.max_num_reqs"
+            )
         reqs, tokens = [], []
         for req_id, ids in scheduled.items():
             reqs.append(self._request(req_id))
@@ -311,21 +362,26 @@ class ModelRunner:
                 raise ConfigError(f"request {req_id!r} has no new tokens in this step; give at least one")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
             if bad:
-                raise ConfigError(f"token id {bad[0]} of request {req_id!r} is outside the vocabulary "
-                                  f"[0, {self.config.vocab_size})")
+                raise ConfigError(
+                    f"token id {bad[0]} of request {req_id!r} is outside the vocabulary [0, {self.config.vocab_size})"
+                )
             tokens.append(ids)
         total = sum(map(len, tokens))
         if total > self.config.max_num_batched_tokens:
-            raise CapacityError(f"{total} tokens in one step, but max_num_batched_tokens is "
-                                f"{self.config.max_num_batched_tokens}; split the prompt over several steps "
-                                "or raise ToyConfig.max_num_batched_tokens")
+            raise CapacityError(
+                f"{total} tokens in one step, but max_num_batched_tokens is "
+                f"{self.config.max_num_batched_tokens}; split the prompt over several steps "
+                "or raise ToyConfig.max_num_batched_tokens"
+            )
         return reqs, tokens
 
     def reserve_blocks(self, request: RequestState, seq_len: int) -> None:
         """Give ``request`` the blocks to hold ``seq_len`` tokens (a drafter reserves ahead of its drafts)."""
         if seq_len > self.config.max_model_len:
-            raise CapacityError(f"request {request.req_id!r} would reach {seq_len} tokens, but max_model_len is "
-                                f"{self.config.max_model_len}; raise ToyConfig.max_model_len or stop it sooner")
+            raise CapacityError(
+                f"request {request.req_id!r} would reach {seq_len} tokens, but max_model_len is "
+                f"{self.config.max_model_len}; raise ToyConfig.max_model_len or stop it sooner"
+            )
         needed = -(-seq_len // self.config.block_size) - len(request.block_ids)
         if needed > 0:
             request.block_ids += self.block_pool.allocate(needed)
@@ -342,34 +398,55 @@ class ModelRunner:
             wrapper.release()
 
 
-def resolve_runner_cudagraph_mode(policy: CUDAGraphMode, attn_groups: Sequence[AttentionGroup],
-                                  layers: tuple[str, ...], piecewise_flavor: str, splitting_ops: Sequence[str],
-                                  decode_query_len: int = 1) -> tuple[CUDAGraphMode, str | None]:
+def resolve_runner_cudagraph_mode(
+    policy: CUDAGraphMode,
+    attn_groups: Sequence[AttentionGroup],
+    layers: tuple[str, ...],
+    piecewise_flavor: str,
+    splitting_ops: Sequence[str],
+    decode_query_len: int = 1,
+) -> tuple[CUDAGraphMode, str | None]:
     """The policy a runner with these builders and splitting ops runs ``policy`` as, and the lowering
     note (``resolve_cudagraph_mode``, from the least capable builder)."""
     support, builder_name = min_cudagraph_support(attn_groups)
     contains = splitting_ops_contain_attention(splitting_ops, layers, piecewise_flavor)
-    mode, note = resolve_cudagraph_mode(policy, support, builder_name=builder_name,
-                                        splitting_ops_contain_attention=contains,
-                                        uniform_decode_query_len=decode_query_len)
+    mode, note = resolve_cudagraph_mode(
+        policy,
+        support,
+        builder_name=builder_name,
+        splitting_ops_contain_attention=contains,
+        uniform_decode_query_len=decode_query_len,
+    )
     op = OP_OF_KIND["linear_attn"]
-    if (piecewise_flavor == "compiled" and CUDAGraphMode.PIECEWISE in mode.runtime_modes() and "linear_attn" in layers
-            and op not in splitting_ops):
+    if (
+        piecewise_flavor == "compiled"
+        and CUDAGraphMode.PIECEWISE in mode.runtime_modes()
+        and "linear_attn" in layers
+        and op not in splitting_ops
+    ):
         # Inside a piece it would replay the capture batch's request count and loop count forever.
-        raise ConfigError(f"{op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
-                          "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
-                          f"dummy batch's size; add {op} to splitting_ops (the default has it)")
+        raise ConfigError(
+            f"{op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
+            "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
+            f"dummy batch's size; add {op} to splitting_ops (the default has it)"
+        )
     return mode, note
 
 
-def prepare_inputs(requests: Sequence[RequestState], query_lens: Sequence[int], seq_lens: Sequence[int],
-                   input_ids: Sequence[int] | None, input_buffers: InputBuffers, block_tables: BlockTables,
-                   attn_groups: Sequence[AttentionGroup], num_tokens_padded: int,
-                   num_reqs_padded: int) -> tuple[InputBatch, dict[str, Any]]:
+def prepare_inputs(
+    requests: Sequence[RequestState],
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    input_ids: Sequence[int] | None,
+    input_buffers: InputBuffers,
+    block_tables: BlockTables,
+    attn_groups: Sequence[AttentionGroup],
+    num_tokens_padded: int,
+    num_reqs_padded: int,
+) -> tuple[InputBatch, dict[str, Any]]:
     """Write one batch, padded, in place into storage the graphs captured (inputs, block table, slot
     mapping), then build every layer's metadata into the builders' buffers."""
-    input_batch = InputBatch.prepare(query_lens, seq_lens, input_ids, input_buffers, num_tokens_padded,
-                                     num_reqs_padded)
+    input_batch = InputBatch.prepare(query_lens, seq_lens, input_ids, input_buffers, num_tokens_padded, num_reqs_padded)
     block_table = block_tables.write_block_tables([r.block_ids for r in requests], num_reqs_padded)
     bs = block_tables.block_size
     slots = [r.slot(p, bs) for r, q, s in zip(requests, query_lens, seq_lens) for p in range(s - q, s)]
@@ -380,13 +457,17 @@ def prepare_inputs(requests: Sequence[RequestState], query_lens: Sequence[int], 
 def parse_token_ids(req_id: str, ids: object) -> list[int]:
     """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
     if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
-        raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "
-                          f"write {{{req_id!r}: [5]}} for a single token")
+        raise ConfigError(
+            f"request {req_id!r} must get a list of token ids, got {ids!r}; "
+            f"write {{{req_id!r}: [5]}} for a single token"
+        )
     try:
         values = list(ids)
     except TypeError:  # a 0-d tensor is Iterable to Python but cannot be iterated
-        raise ConfigError(f"request {req_id!r} must get a list of token ids, got {ids!r}; "
-                          f"write {{{req_id!r}: [5]}} for a single token") from None
+        raise ConfigError(
+            f"request {req_id!r} must get a list of token ids, got {ids!r}; "
+            f"write {{{req_id!r}: [5]}} for a single token"
+        ) from None
     try:
         if not any(isinstance(t, bool) for t in values):  # True is an int to Python, never a token
             return [operator.index(t) for t in values]

@@ -16,8 +16,11 @@ torch.set_num_threads(1)
 
 BACKEND_PARAMS = [
     pytest.param("cpu", id="sim"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)")),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)"),
+    ),
 ]
 
 

@@ -134,8 +134,17 @@ class Control:
     option, a toggle, a step through a cycle of selections (``selections``: how many options, from the
     first, each one selects). ``values``: how many values the steps go through (a slider: many)."""
 
-    def __init__(self, kind: str, locator: Locator, index: int, values: int, *, position: int = 0,
-                 direction: int = 1, selections: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        kind: str,
+        locator: Locator,
+        index: int,
+        values: int,
+        *,
+        position: int = 0,
+        direction: int = 1,
+        selections: tuple[int, ...] = (),
+    ) -> None:
         self.kind, self.locator, self.index, self.values = kind, locator, index, values
         self.direction, self.selections = direction, selections
         self._position = position
@@ -170,16 +179,18 @@ class Control:
     async def is_enabled(self) -> bool:
         """Whether a learner can move it now: an explorer disables the controls that change nothing for
         the other controls' values (a disabled one must not be stepped: Playwright would wait for it)."""
-        return await self.locator.evaluate("n => !(n.disabled || n.closest('[disabled]') "
-                                           "|| n.getAttribute('aria-disabled') === 'true')")
+        return await self.locator.evaluate(
+            "n => !(n.disabled || n.closest('[disabled]') || n.getAttribute('aria-disabled') === 'true')"
+        )
 
     def burst(self, steps: int) -> list[list[Any]]:
         """``steps`` steps forward, as steps for ``_BURST``."""
         return [[self.kind, self.index, self._advance(1)] for _ in range(steps)]
 
 
-_CONTROLS = (".widget-slider .noUi-handle, .widget-checkbox input, .widget-dropdown select, "
-             ".widget-select-multiple select")
+_CONTROLS = (
+    ".widget-slider .noUi-handle, .widget-checkbox input, .widget-dropdown select, .widget-select-multiple select"
+)
 
 
 async def controls_of(explorer: Locator) -> list[Control]:
@@ -188,21 +199,24 @@ async def controls_of(explorer: Locator) -> list[Control]:
     for index, node in enumerate(await explorer.locator(_CONTROLS).all()):
         classes = await node.evaluate("n => (n.closest('.widget-inline-hbox') || n).className")
         if "widget-slider" in classes:
-            value, top = await node.evaluate("n => [Number(n.getAttribute('aria-valuenow')), "
-                                             "Number(n.getAttribute('aria-valuemax'))]")
+            value, top = await node.evaluate(
+                "n => [Number(n.getAttribute('aria-valuenow')), Number(n.getAttribute('aria-valuemax'))]"
+            )
             found.append(Control("slider", node, index, values=99, direction=1 if value + 3 <= top else -1))
         elif "widget-checkbox" in classes:
             found.append(Control("checkbox", node, index, values=2))
         else:
-            options, *selected = await node.evaluate("n => [n.options.length, n.selectedIndex, "
-                                                     "Array.from(n.options).filter(o => o.selected).length]")
+            options, *selected = await node.evaluate(
+                "n => [n.options.length, n.selectedIndex, Array.from(n.options).filter(o => o.selected).length]"
+            )
             if "widget-dropdown" in classes:
                 control = Control("dropdown", node, index, values=options, position=max(selected[0], 0))
             else:  # every option, all but the last, the first one (fewer when there are few options)
                 selections = tuple(dict.fromkeys(n for n in (options, options - 1, 1) if n > 0))
                 position = selections.index(selected[1]) if selected[1] in selections else 0
-                control = Control("multiple", node, index, values=len(selections), position=position,
-                                  selections=selections)
+                control = Control(
+                    "multiple", node, index, values=len(selections), position=position, selections=selections
+                )
             if control.values >= 2:
                 found.append(control)
     return found
@@ -226,8 +240,12 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     controls = await controls_of(explorer)
     initial = await plot_fingerprint(explorer)
     if not controls:
-        return [("has no control this test can move (sliders, dropdowns, checkboxes, multiple selections); "
-                 "teach lab_explorer.controls_of the new kind")], 0
+        return [
+            (
+                "has no control this test can move (sliders, dropdowns, checkboxes, multiple selections); "
+                "teach lab_explorer.controls_of the new kind"
+            )
+        ], 0
     if initial is None:
         return ["shows no plot"], 0
     problems, steps = [], 0
@@ -248,8 +266,11 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
             problems.append(f"control {number} ({control.kind}): stepping it back did not redraw the first plot")
     if not enabled:
         return [*problems, "every control is disabled"], steps
-    burst = [step for number, control in enumerate(enabled)
-             for step in control.burst(control.burst_steps if number == 0 else 1)]
+    burst = [
+        step
+        for number, control in enumerate(enabled)
+        for step in control.burst(control.burst_steps if number == 0 else 1)
+    ]
     await explorer.locator(_CONTROLS).evaluate_all(_BURST, burst)
     after_burst = await wait_for_new_plot(explorer, kernel_status, before=initial)
     still_enabled = [control for control in enabled if await control.is_enabled()]
@@ -262,11 +283,13 @@ async def explore(explorer: Locator, kernel_status: KernelStatus) -> tuple[list[
     alone = await wait_for_new_plot(explorer, kernel_status, before=one_back)
     steps += len(burst) + 2
     if alone != after_burst:
-        problems.append(f"after a burst of {len(burst)} quick changes the plot is not the one drawn for the "
-                        f"final values")
+        problems.append(
+            f"after a burst of {len(burst)} quick changes the plot is not the one drawn for the final values"
+        )
     disabled = len(controls) - len(still_enabled)
     off_screen = await _off_screen(explorer)
     if off_screen:
-        problems.append(f"after the burst ({disabled} control(s) disabled) controls stick out of their row: "
-                        f"{off_screen}")
+        problems.append(
+            f"after the burst ({disabled} control(s) disabled) controls stick out of their row: {off_screen}"
+        )
     return problems, steps

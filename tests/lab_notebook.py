@@ -130,8 +130,9 @@ def cell_problems(cells: list[dict[str, Any]]) -> list[str]:
         where = f"cell {cell['index']} ({first_line[:40]})"
         if "raises-exception" not in cell["tags"]:
             problems += [f"{where} raised {error}" for error in cell["errors"]]
-            problems += [f"{where} printed a traceback: {text[-300:]}" for text in cell["stderr"]
-                         if "Traceback" in text]
+            problems += [
+                f"{where} printed a traceback: {text[-300:]}" for text in cell["stderr"] if "Traceback" in text
+            ]
         if cell["source"].strip() and cell["executionCount"] is None:
             never_ran.append(str(cell["index"]))
         problems += [f"{where} shows a widget as text: {w['text']}" for w in cell["widgets"] if not w["rendered"]]

@@ -46,8 +46,9 @@ START_TIMEOUT_S = 60.0
 # last_activity is set, and GET /api/kernels in that turn fails with 500 and this error in the log.
 # Lab polls that list and simply asks again, so a learner sees nothing; the page logs a failed load.
 KERNEL_LIST_RACE = "'last_activity' trait of a ServerKernelManager instance expected a datetime, not the NoneType"
-SERVER_ERROR_IN_PAGE = ("console error: Failed to load resource: the server responded with a status of 500 "
-                        "(Internal Server Error)")
+SERVER_ERROR_IN_PAGE = (
+    "console error: Failed to load resource: the server responded with a status of 500 (Internal Server Error)"
+)
 # No proxy: one set in the environment would not reach the server on 127.0.0.1.
 _LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -62,8 +63,9 @@ def free_port() -> int:
 class LabServer:
     """``jupyter lab`` serving ``root``: ``start``, ``wait_ready``, then ``stop``."""
 
-    def __init__(self, root: Path, home: Path, *, disabled_extensions: Sequence[str] = (),
-                 log: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, home: Path, *, disabled_extensions: Sequence[str] = (), log: Path | None = None
+    ) -> None:
         self.root, self.home, self.log = root, home, log or home / "jupyterlab.log"
         self.port, self.token = free_port(), secrets.token_hex(16)
         self.disabled_extensions = tuple(disabled_extensions)
@@ -88,9 +90,13 @@ class LabServer:
             (dirs["config"] / "labconfig").mkdir(exist_ok=True)
             page_config = {"disabledExtensions": {name: True for name in self.disabled_extensions}}
             (dirs["config"] / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
-        return {"JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_DATA_DIR": str(dirs["data"]),
-                "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
-                "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"])}
+        return {
+            "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+            "JUPYTER_DATA_DIR": str(dirs["data"]),
+            "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+            "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
+            "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        }
 
     def start(self) -> None:
         env = {**os.environ, **self._write_config()}
@@ -98,17 +104,29 @@ class LabServer:
         # unit tests set; on the CPU, like the committed outputs.
         env.pop("MPLBACKEND", None)
         env["CUDA_VISIBLE_DEVICES"] = ""
-        command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-                   f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-                   f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
-                   "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-                   "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                   "--LabApp.extension_manager=readonly", *TRUST_OPTIONS]
+        command = [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.extension_manager=readonly",
+            *TRUST_OPTIONS,
+        ]
         if os.geteuid() == 0:
             command.append("--allow-root")  # containers run as root, where Jupyter refuses without it
         with open(self.log, "wb") as log:
-            self._process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL)
+            self._process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
     def wait_ready(self) -> None:
         """Block until the server answers its status API; raise with its log if it died or hung."""
@@ -121,8 +139,9 @@ class LabServer:
                 return
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.2)
-        raise RuntimeError(f"jupyter lab did not answer within {START_TIMEOUT_S:.0f} s:\n"
-                           f"{self.log.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"jupyter lab did not answer within {START_TIMEOUT_S:.0f} s:\n{self.log.read_text()[-3000:]}"
+        )
 
     def kernel_list_races(self) -> int:
         """How many of the server's 500 answers were the kernel-list race (``KERNEL_LIST_RACE``): only

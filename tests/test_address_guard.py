@@ -35,10 +35,12 @@ def _reset_by_assignment(layer: torch.nn.Module) -> None:
 
 
 REPLACEMENTS = {
-    "input_ids (ModelRunner.input_buffers)":
-        lambda r: setattr(r.input_buffers, "input_ids", r.input_buffers.input_ids.clone()),
-    "layers.1.attn.slot_mapping (returned by AttentionMetadataBuilder.build())":
-        lambda r: setattr(r.block_tables, "slot_mapping", r.block_tables.slot_mapping.clone()),
+    "input_ids (ModelRunner.input_buffers)": lambda r: setattr(
+        r.input_buffers, "input_ids", r.input_buffers.input_ids.clone()
+    ),
+    "layers.1.attn.slot_mapping (returned by AttentionMetadataBuilder.build())": lambda r: setattr(
+        r.block_tables, "slot_mapping", r.block_tables.slot_mapping.clone()
+    ),
     "layers.2.compressor.state_cache (a cache of the model)": lambda r: _reset_by_assignment(r.model.layers[2].mixer),
 }
 
@@ -102,4 +104,6 @@ def test_eager_steps_are_not_guarded() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)")
 def test_guard_is_opt_in_on_cuda() -> None:
     assert not ModelRunner(CONFIG, CompilationConfig("full", SIZES), device="cuda").cudagraph_manager.check_addresses
-    assert ModelRunner(CONFIG, CompilationConfig("full", SIZES, check_addresses=True), device="cuda").cudagraph_manager.check_addresses
+    assert ModelRunner(
+        CONFIG, CompilationConfig("full", SIZES, check_addresses=True), device="cuda"
+    ).cudagraph_manager.check_addresses

@@ -29,10 +29,27 @@ from cglab.runner import PreparedStep
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = sorted(p for p in DATA.glob("*.csv") if "_startup_" not in p.stem)  # latency runs
-TINY = ["bench", "--quick", "--device", "cpu", "--batch-sizes", "1,2", "--repeats", "5", "--warmup", "1",
-        "--modes", "none,piecewise,full"]
-PLOTS = (plots.plot_latency, plots.plot_speedup, plots.plot_kernel_floor, plots.plot_piecewise_break_cost,
-         plots.plot_ladder)
+TINY = [
+    "bench",
+    "--quick",
+    "--device",
+    "cpu",
+    "--batch-sizes",
+    "1,2",
+    "--repeats",
+    "5",
+    "--warmup",
+    "1",
+    "--modes",
+    "none,piecewise,full",
+]
+PLOTS = (
+    plots.plot_latency,
+    plots.plot_speedup,
+    plots.plot_kernel_floor,
+    plots.plot_piecewise_break_cost,
+    plots.plot_ladder,
+)
 
 
 def _plot_all(result: BenchResult) -> list[str]:
@@ -46,8 +63,24 @@ def _plot_all(result: BenchResult) -> list[str]:
 def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "quick"
     # The quick preset, fewer steps: every mode the CPU can run, each compiled one compiling once.
-    assert main(["bench", "--quick", "--device", "cpu", "--batch-sizes", "1,2,4", "--repeats", "10",
-                 "--out", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--device",
+                "cpu",
+                "--batch-sizes",
+                "1,2,4",
+                "--repeats",
+                "10",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     captured = capfd.readouterr()
     assert "USDT:" not in captured.err  # the profiler's C-level log lines are dropped, not shown
     summary = json.loads(captured.out.strip().splitlines()[-1])
@@ -68,7 +101,9 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
     # ops one by one between them (counted through the compiled forward, not the breakable loop).
     assert by_mode["compiled_piecewise"]["launches"] == by_mode["piecewise"]["launches"]
     assert by_mode["compiled_piecewise"]["graph_segments"] == by_mode["piecewise"]["graph_segments"] == 3
-    assert by_mode["compiled_full"]["launches"] == 1 and by_mode["compiled_full"]["kernels"] == by_mode["full"]["kernels"]
+    assert (
+        by_mode["compiled_full"]["launches"] == 1 and by_mode["compiled_full"]["kernels"] == by_mode["full"]["kernels"]
+    )
     env = result.environment
     assert env["backend"] == "sim" and env["torch"] and env["date"] and env["host_cpu"]
     # Every row computes eager's logits (float32 on the CPU: to rounding); eager against itself exactly.
@@ -84,8 +119,9 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
-def test_a_row_with_non_finite_logits_is_no_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str], value: float) -> None:
+def test_a_row_with_non_finite_logits_is_no_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: float
+) -> None:
     """FULL goes bad at its second batch size only (max() would drop a NaN there): the check keeps the
     value, a warning names it, and the printed summary and the sidecar stay strict JSON."""
     execute = ModelRunner.execute
@@ -110,8 +146,12 @@ def test_a_row_with_non_finite_logits_is_no_match(tmp_path: Path, monkeypatch: p
 @pytest.mark.parametrize("output", [["--json"], []], ids=["json", "table"])
 def test_a_closed_stdout_is_no_disk_problem(tmp_path: Path, output: list[str]) -> None:
     """``bench ... | true``: the reader went away, the result is saved; only the report is lost, so exit 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "cglab", *TINY, "--modes", "full", "--out", str(tmp_path / "run"),
-                             *output], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cglab", *TINY, "--modes", "full", "--out", str(tmp_path / "run"), *output],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.close()  # long before the first line is printed: importing torch takes seconds
     err = proc.stderr.read()  # may hold torch's own warnings (its profiler warns on a GPU), never ours
     assert proc.wait(timeout=300) == 0 and "disk" not in err and "Traceback" not in err, err
@@ -141,8 +181,9 @@ def small_result() -> BenchResult:
     return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "attn"})
 
 
-def test_atomic_write_leaves_nothing_on_error(tmp_path: Path, small_result: BenchResult,
-                                              monkeypatch: pytest.MonkeyPatch, json_replace_fails: None) -> None:
+def test_atomic_write_leaves_nothing_on_error(
+    tmp_path: Path, small_result: BenchResult, monkeypatch: pytest.MonkeyPatch, json_replace_fails: None
+) -> None:
     with pytest.raises(OSError, match="disk full"):
         save_results(small_result, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []  # no CSV without its JSON, no temp files
@@ -173,8 +214,16 @@ def test_load_errors_are_clear(tmp_path: Path) -> None:
         load_results(tmp_path / "bad")
 
 
-@pytest.mark.parametrize("kwargs", [{"modes": ("full_and_piecewise",)}, {"batch_sizes": ()},
-                                    {"batch_sizes": (0,)}, {"repeats": 2}, {"prompt_len": 40}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"modes": ("full_and_piecewise",)},
+        {"batch_sizes": ()},
+        {"batch_sizes": (0,)},
+        {"repeats": 2},
+        {"prompt_len": 40},
+    ],
+)
 def test_bad_config_is_refused(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         BenchConfig.quick_preset(**kwargs)

@@ -11,13 +11,17 @@ from cglab.bench.peer import ReduceOverheadForward, capture_safe
 from cglab.bench.run import _prefill
 from cglab.runner import ModelRunner
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)"),
+]
 
 
 @pytest.mark.parametrize("kernels", ["aten", "triton"])
 def test_every_row_kind_runs_and_is_counted_by_the_profiler(kernels: str) -> None:
-    config = BenchConfig.quick_preset(device="cuda", batch_sizes=(1, 4), repeats=10, warmup=5, profile_steps=3,
-                                      kernels=kernels)
+    config = BenchConfig.quick_preset(
+        device="cuda", batch_sizes=(1, 4), repeats=10, warmup=5, profile_steps=3, kernels=kernels
+    )
     result = run_bench(config, progress=False)
     assert result.environment["kernels"] == kernels
     # Every row computes eager's logits, with either kernel set (Triton's replayed inside the graphs too).

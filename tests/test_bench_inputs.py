@@ -87,8 +87,9 @@ def test_unwritable_directory_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     assert list(locked.iterdir()) == []
 
 
-def test_cli_checks_out_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_checks_out_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "notes").write_text("a file")
 
     def never(*args: object, **kwargs: object) -> None:
@@ -127,8 +128,9 @@ def test_probe_leaves_no_directory_behind(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_refuses_a_long_out_name_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_refuses_a_long_out_name_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured before checking --out")
 
@@ -162,18 +164,21 @@ def test_files_get_the_usual_permissions(tmp_path: Path, result: BenchResult) ->
 
 
 # ----------------------------------------------------------------------------------- defect 5: bounds
-@pytest.mark.parametrize(("field", "kwargs"), [
-    ("hidden_size", {"hidden_size": 1_000_000}),
-    ("layers", {"layers": ",".join(["sconv", "attn"] * 4500)}),
-    ("repeats", {"repeats": 1_000_000_000}),
-    ("warmup", {"warmup": 1_000_000_000}),
-    ("profile_steps", {"profile_steps": 1_000_000}),
-    ("prompt_len", {"prompt_len": 10_000_000, "max_model_len": 10_000_001}),
-    ("max_model_len", {"max_model_len": 10_000_000}),
-    ("num_heads", {"num_heads": 1 << 20, "hidden_size": 1 << 20}),
-    ("max_model_len", {"max_model_len": "x"}),
-    ("prompt_len", {"prompt_len": "8"}),
-])
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("hidden_size", {"hidden_size": 1_000_000}),
+        ("layers", {"layers": ",".join(["sconv", "attn"] * 4500)}),
+        ("repeats", {"repeats": 1_000_000_000}),
+        ("warmup", {"warmup": 1_000_000_000}),
+        ("profile_steps", {"profile_steps": 1_000_000}),
+        ("prompt_len", {"prompt_len": 10_000_000, "max_model_len": 10_000_001}),
+        ("max_model_len", {"max_model_len": 10_000_000}),
+        ("num_heads", {"num_heads": 1 << 20, "hidden_size": 1 << 20}),
+        ("max_model_len", {"max_model_len": "x"}),
+        ("prompt_len", {"prompt_len": "8"}),
+    ],
+)
 def test_sizes_are_bounded(field: str, kwargs: dict) -> None:
     with pytest.raises(ConfigError, match=field) as exc:
         BenchConfig.quick_preset(**kwargs)
@@ -182,8 +187,14 @@ def test_sizes_are_bounded(field: str, kwargs: dict) -> None:
 
 def test_memory_estimate_is_bounded() -> None:
     with pytest.raises(ConfigError, match="GiB") as exc:  # each size allowed, together far too large
-        BenchConfig(hidden_size=4096, layers=",".join(["attn"] * 64), batch_sizes=(1024,), prompt_len=4000,
-                    max_model_len=4096, dtype="float32")
+        BenchConfig(
+            hidden_size=4096,
+            layers=",".join(["attn"] * 64),
+            batch_sizes=(1024,),
+            prompt_len=4000,
+            max_model_len=4096,
+            dtype="float32",
+        )
     _one_line(exc)
 
 
@@ -210,23 +221,25 @@ def _cell(lines: list[str], row: int, column: str, value: str) -> list[str]:
     header = lines[0].split(",")
     cells = lines[row].split(",")
     cells[header.index(column)] = value
-    return [*lines[:row], ",".join(cells), *lines[row + 1:]]
+    return [*lines[:row], ",".join(cells), *lines[row + 1 :]]
 
 
-@pytest.mark.parametrize(("match", "edit"), [
-    ("no rows", lambda lines: lines[:1]),
-    ("4 rows", lambda lines: lines[:5]),
-    ("twice", lambda lines: [*lines, lines[1]]),
-    ("median_us", lambda lines: _cell(lines, 3, "median_us", "nan")),
-    ("p90_us", lambda lines: _cell(lines, 3, "p90_us", "inf")),
-    ("p10_us", lambda lines: _cell(lines, 2, "p10_us", "-4.0")),
-    ("kernel_floor_us", lambda lines: _cell(lines, 2, "kernel_floor_us", "-1")),
-    ("mode", lambda lines: _cell(lines, 1, "mode", "turbo")),
-    ("batch_size", lambda lines: _cell(lines, 1, "batch_size", "1.5")),
-    ("launches", lambda lines: _cell(lines, 1, "launches", "-3")),
-])
-def test_damaged_results_are_refused(tmp_path: Path, match: str,
-                                    edit: Callable[[list[str]], list[str]]) -> None:
+@pytest.mark.parametrize(
+    ("match", "edit"),
+    [
+        ("no rows", lambda lines: lines[:1]),
+        ("4 rows", lambda lines: lines[:5]),
+        ("twice", lambda lines: [*lines, lines[1]]),
+        ("median_us", lambda lines: _cell(lines, 3, "median_us", "nan")),
+        ("p90_us", lambda lines: _cell(lines, 3, "p90_us", "inf")),
+        ("p10_us", lambda lines: _cell(lines, 2, "p10_us", "-4.0")),
+        ("kernel_floor_us", lambda lines: _cell(lines, 2, "kernel_floor_us", "-1")),
+        ("mode", lambda lines: _cell(lines, 1, "mode", "turbo")),
+        ("batch_size", lambda lines: _cell(lines, 1, "batch_size", "1.5")),
+        ("launches", lambda lines: _cell(lines, 1, "launches", "-3")),
+    ],
+)
+def test_damaged_results_are_refused(tmp_path: Path, match: str, edit: Callable[[list[str]], list[str]]) -> None:
     with pytest.raises(ConfigError, match=match) as exc:
         load_results(_damaged(tmp_path, edit))
     assert "python -m cglab bench" in _one_line(exc)

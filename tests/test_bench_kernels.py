@@ -39,8 +39,27 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 
 def test_the_switch_reaches_every_op_and_is_recorded(tmp_path: Path, launched: Counter[str]) -> None:
-    assert main(["bench", "--quick", "--kernels", "aten", "--batch-sizes", "1", "--modes", "none,piecewise",
-                 "--repeats", "5", "--warmup", "1", "--out", str(tmp_path / "aten")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--kernels",
+                "aten",
+                "--batch-sizes",
+                "1",
+                "--modes",
+                "none,piecewise",
+                "--repeats",
+                "5",
+                "--warmup",
+                "1",
+                "--out",
+                str(tmp_path / "aten"),
+            ]
+        )
+        == 0
+    )
     aten = load_results(tmp_path / "aten")
     assert aten.environment["kernels"] == aten.config["kernels"] == "aten" and not launched
     before = cglab.kernels.triton_launches()

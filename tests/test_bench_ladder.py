@@ -29,9 +29,22 @@ from cglab.runner import ModelRunner
 
 
 def _result(medians: dict[str, dict[int, float]], backend: str = "cuda", **environment: Any) -> BenchResult:
-    rows = [{"mode": mode, "batch_size": b, "median_us": m, "p10_us": m, "p90_us": m, "kernel_floor_us": m / 2,
-             "launches": 1, "kernels": 10, "backend": backend, "enqueue_median_us": 1.0}
-            for mode, by_batch in medians.items() for b, m in by_batch.items()]
+    rows = [
+        {
+            "mode": mode,
+            "batch_size": b,
+            "median_us": m,
+            "p10_us": m,
+            "p90_us": m,
+            "kernel_floor_us": m / 2,
+            "launches": 1,
+            "kernels": 10,
+            "backend": backend,
+            "enqueue_median_us": 1.0,
+        }
+        for mode, by_batch in medians.items()
+        for b, m in by_batch.items()
+    ]
     return BenchResult(rows, {"backend": backend, "device_name": "GPU", **environment}, {})
 
 
@@ -81,12 +94,14 @@ def test_ladder_at_one_batch_size() -> None:
 
 
 def test_targets_are_decided_by_the_worst_batch() -> None:
-    result = _result({
-        "none": {1: 4000.0, 8: 4100.0, 32: 4200.0},
-        "full": {1: 800.0, 8: 1000.0, 32: 2000.0},
-        "compiled_full": {1: 480.0, 8: 650.0, 32: 1900.0},  # 0.6 at batch 1, 0.65 at 8; 32 is above 16
-        "reduce_overhead": {1: 500.0, 8: 640.0, 32: 2000.0},  # compiled FULL slower only at batch 8
-    })
+    result = _result(
+        {
+            "none": {1: 4000.0, 8: 4100.0, 32: 4200.0},
+            "full": {1: 800.0, 8: 1000.0, 32: 2000.0},
+            "compiled_full": {1: 480.0, 8: 650.0, 32: 1900.0},  # 0.6 at batch 1, 0.65 at 8; 32 is above 16
+            "reduce_overhead": {1: 500.0, 8: 640.0, 32: 2000.0},  # compiled FULL slower only at batch 8
+        }
+    )
     by_name = {t.name: t for t in targets(result)}
     ratio = by_name["compiled FULL / FULL"]
     assert (ratio.measured, ratio.met, ratio.detail) == (0.65, False, "worst at batch 8")
@@ -103,8 +118,9 @@ def test_targets_need_their_modes() -> None:
 
 
 def test_the_fused_kernel_targets_read_the_rows_and_the_baseline() -> None:
-    result = _result({"full": {1: 300.0, 16: 400.0, 64: 900.0}, "compiled_full": {1: 280.0, 4: 290.0}},
-                     roofline_us=35.0)
+    result = _result(
+        {"full": {1: 300.0, 16: 400.0, 64: 900.0}, "compiled_full": {1: 280.0, 4: 290.0}}, roofline_us=35.0
+    )
     for r in result.rows:  # FULL froze the whole key range at batch 16 only
         r["attn_key_range"] = 48 if (r["mode"], r["batch_size"]) == ("full", 16) else 7
     result.config["max_model_len"] = 48
@@ -125,8 +141,9 @@ def test_the_fused_kernel_targets_read_the_rows_and_the_baseline() -> None:
 
 def test_two_kernel_sets_side_by_side() -> None:
     before = _result({"none": {1: 8000.0}, "full": {1: 750.0}}, roofline_us=50.0)  # recorded before --kernels
-    after = _result({"none": {1: 2200.0}, "full": {1: 400.0}, "compiled_full": {1: 350.0}}, roofline_us=40.0,
-                    kernels="triton")
+    after = _result(
+        {"none": {1: 2200.0}, "full": {1: 400.0}, "compiled_full": {1: 350.0}}, roofline_us=40.0, kernels="triton"
+    )
     for r in after.rows:
         r["kernels"] = 97
     assert (kernel_set(before), kernel_set(after)) == ("aten", "triton")
@@ -170,10 +187,21 @@ def test_the_peer_gets_capture_safe_metadata_in_the_same_buffers() -> None:
 
 
 # ----------------------------------------------------------------------------------- limits
-@pytest.mark.parametrize("kwargs", [{"repeats": 10**9}, {"batch_sizes": (4096,)},
-                                    {"layers": ",".join(["attn"] * 300)},
-                                    {"hidden_size": 4096, "layers": ",".join(["attn"] * 64), "batch_sizes": (1024,),
-                                     "prompt_len": 4000, "max_model_len": 4096}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"repeats": 10**9},
+        {"batch_sizes": (4096,)},
+        {"layers": ",".join(["attn"] * 300)},
+        {
+            "hidden_size": 4096,
+            "layers": ",".join(["attn"] * 64),
+            "batch_sizes": (1024,),
+            "prompt_len": 4000,
+            "max_model_len": 4096,
+        },
+    ],
+)
 def test_limits_say_they_are_ours(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="a limit cglab sets against typos, not a hardware limit"):
         BenchConfig.quick_preset(**kwargs)
@@ -206,7 +234,12 @@ def test_the_peer_is_built_and_recorded_before_any_engine_captures() -> None:
     """torch's graph trees clear cuBLAS's workspaces when they record: an engine graph captured before
     would keep the freed workspace (on the H200 this ended in an illegal memory access)."""
     assert build_order(("none", "piecewise", "full", "compiled_full", "reduce_overhead")) == [
-        "reduce_overhead", "none", "piecewise", "full", "compiled_full"]
+        "reduce_overhead",
+        "none",
+        "piecewise",
+        "full",
+        "compiled_full",
+    ]
     assert build_order(("none", "full")) == ["none", "full"]
 
 
@@ -235,11 +268,21 @@ def test_uncounted_launches_round_trip_as_nan(tmp_path: Any) -> None:
     """The peer's structure is torch's: its structural counts are nan on disk and back, not 0."""
     from cglab.bench import load_results, save_results
 
-    row = {"mode": "reduce_overhead", "batch_size": 1, "median_us": 5.0, "p10_us": 4.0, "p90_us": 6.0,
-           "kernel_floor_us": float("nan"), "launches": float("nan"), "backend": "cuda",
-           "counted_launches": float("nan"), "graph_segments": float("nan")}
-    save_results(BenchResult([row], {"backend": "cuda"}, {"modes": ["reduce_overhead"], "batch_sizes": [1]}),
-                 tmp_path / "run")
+    row = {
+        "mode": "reduce_overhead",
+        "batch_size": 1,
+        "median_us": 5.0,
+        "p10_us": 4.0,
+        "p90_us": 6.0,
+        "kernel_floor_us": float("nan"),
+        "launches": float("nan"),
+        "backend": "cuda",
+        "counted_launches": float("nan"),
+        "graph_segments": float("nan"),
+    }
+    save_results(
+        BenchResult([row], {"backend": "cuda"}, {"modes": ["reduce_overhead"], "batch_sizes": [1]}), tmp_path / "run"
+    )
     loaded = load_results(tmp_path / "run").rows[0]
     assert all(loaded[c] != loaded[c] for c in ("launches", "counted_launches", "graph_segments"))  # nan
     assert loaded["median_us"] == 5.0

@@ -25,8 +25,9 @@ KERNELS, ATTENTION_KERNELS = 67, 32
 
 
 def _decode_step(mode: str, flavor: str):  # type: ignore[no-untyped-def]
-    runner = ModelRunner(CONFIG, CompilationConfig(mode, (1, 2), use_breakable_cg=flavor == "breakable",
-                                                  check_addresses=False))
+    runner = ModelRunner(
+        CONFIG, CompilationConfig(mode, (1, 2), use_breakable_cg=flavor == "breakable", check_addresses=False)
+    )
     for i in range(2):
         runner.add_request(f"r{i}")
         runner.step({f"r{i}": [1, 2, 3]}, eager=True)
@@ -44,12 +45,15 @@ def test_attention_runs_this_many_kernels_eagerly() -> None:
     assert counter.count == ATTENTION_KERNELS
 
 
-@pytest.mark.parametrize(("mode", "flavor", "expected"), [
-    ("none", "breakable", (KERNELS, KERNELS, 0, 0)),  # eager: a launch per kernel
-    ("full", "breakable", (1, KERNELS, 1, 0)),  # one graph
-    ("piecewise", "breakable", (2 + ATTENTION_KERNELS, KERNELS, 2, 1)),  # 2 segments + attention, eagerly
-    ("piecewise", "compiled", (2 + ATTENTION_KERNELS, KERNELS, 2, 1)),  # 2 pieces + the splitting op
-])
+@pytest.mark.parametrize(
+    ("mode", "flavor", "expected"),
+    [
+        ("none", "breakable", (KERNELS, KERNELS, 0, 0)),  # eager: a launch per kernel
+        ("full", "breakable", (1, KERNELS, 1, 0)),  # one graph
+        ("piecewise", "breakable", (2 + ATTENTION_KERNELS, KERNELS, 2, 1)),  # 2 segments + attention, eagerly
+        ("piecewise", "compiled", (2 + ATTENTION_KERNELS, KERNELS, 2, 1)),  # 2 pieces + the splitting op
+    ],
+)
 def test_launches_are_segments_plus_eager_kernels(mode: str, flavor: str, expected: tuple[int, ...]) -> None:
     """(launches, kernels, graph segments, eager breaks): every mode runs the same kernels."""
     runner, prepared = _decode_step(mode, flavor)

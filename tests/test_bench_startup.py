@@ -19,8 +19,17 @@ from cglab.errors import ConfigError
 
 
 def _row(policy: str, flavor: str, path: str, compile_s: float, capture_s: float) -> dict:
-    return {"policy": policy, "flavor": flavor, "path": path, "backend": "cuda", "graphs": 70,
-            "compile_s": compile_s, "capture_s": capture_s, "startup_s": compile_s + capture_s + 1.0, "memory_mib": 64.0}
+    return {
+        "policy": policy,
+        "flavor": flavor,
+        "path": path,
+        "backend": "cuda",
+        "graphs": 70,
+        "compile_s": compile_s,
+        "capture_s": capture_s,
+        "startup_s": compile_s + capture_s + 1.0,
+        "memory_mib": 64.0,
+    }
 
 
 def test_quick_cli_run_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -30,7 +39,9 @@ def test_quick_cli_run_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFi
     result = load_startup(out)
     assert printed["rows"] == result.rows
     assert [(r["policy"], r["flavor"], r["path"]) for r in result.rows] == [
-        ("full_and_piecewise", "compiled", "fixed"), ("full_and_piecewise", "compiled", "legacy")]
+        ("full_and_piecewise", "compiled", "fixed"),
+        ("full_and_piecewise", "compiled", "legacy"),
+    ]
     assert result.config["capture_sizes"] == [1, 2, 4, 8]
     for r in result.rows:
         assert r["backend"] == "sim" and r["graphs"] == 8  # PIECEWISE and FULL for each of the 4 sizes
@@ -53,19 +64,32 @@ def test_compile_and_capture_times_are_reported_apart(monkeypatch: pytest.Monkey
     fake = SimpleNamespace(cudagraph_manager=manager, forward_model=compiled, close=lambda: closed.append(True))
     monkeypatch.setattr(startup, "ModelRunner", lambda *args, **kwargs: fake)
     quick = StartupConfig.quick_preset()
-    row = startup._start(quick.toy_config(), quick.capture_sizes, startup.resolve_device("cpu"),
-                         "full_and_piecewise", "compiled", "fixed")
+    row = startup._start(
+        quick.toy_config(),
+        quick.capture_sizes,
+        startup.resolve_device("cpu"),
+        "full_and_piecewise",
+        "compiled",
+        "fixed",
+    )
     assert (row["compile_s"], row["capture_s"], row["graphs"], row["memory_mib"]) == (2.0, 3.0, 3, 1.0)
     assert closed == [True]
     fake.forward_model = SimpleNamespace()  # the breakable flavor: no compile at all
-    row = startup._start(quick.toy_config(), quick.capture_sizes, startup.resolve_device("cpu"), "piecewise",
-                         "breakable", "fixed")
+    row = startup._start(
+        quick.toy_config(), quick.capture_sizes, startup.resolve_device("cpu"), "piecewise", "breakable", "fixed"
+    )
     assert (row["compile_s"], row["capture_s"]) == (0.0, 3.0)
 
 
 def test_fix_ratio_and_the_startup_target() -> None:
-    result = StartupResult([_row("full_and_piecewise", "compiled", "fixed", 20.0, 6.0),
-                            _row("full_and_piecewise", "compiled", "legacy", 20.0, 4.0)], {}, {})
+    result = StartupResult(
+        [
+            _row("full_and_piecewise", "compiled", "fixed", 20.0, 6.0),
+            _row("full_and_piecewise", "compiled", "legacy", 20.0, 4.0),
+        ],
+        {},
+        {},
+    )
     assert result.fix_ratio("full_and_piecewise", "compiled") == 1.5
     (target,) = startup_targets(result)
     assert (target.measured, target.met) == (26.0, True)
@@ -86,9 +110,14 @@ def test_files_round_trip_and_damage_is_refused(tmp_path: Path) -> None:
         load_startup(str(tmp_path / "missing"))
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"policies": ("turbo",)}, "policies"),
-                                               ({"flavors": "eager"}, "flavors"),
-                                               ({"max_capture_size": 5000}, "not a hardware limit")])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"policies": ("turbo",)}, "policies"),
+        ({"flavors": "eager"}, "flavors"),
+        ({"max_capture_size": 5000}, "not a hardware limit"),
+    ],
+)
 def test_bad_config_is_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         StartupConfig.quick_preset(**kwargs)

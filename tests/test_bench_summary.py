@@ -16,18 +16,23 @@ from cglab.bench.timing import split, stats
 CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 
-@pytest.mark.parametrize(("samples", "expected"), [
-    ([4.0, 100.0, 1.0, 3.0, 2.0], (3.0, 1.4, 61.6)),  # one slow outlier: the mean would be 22
-    ([10.0, 1.0, 4.0, 2.0], (3.0, 1.3, 8.2)),  # even count: the middle two averaged (the mean is 4.25)
-    ([7.0] * 5, (7.0, 7.0, 7.0)),
-    ([0.1234567, 0.1234567, 1.0], (0.123, 0.123, 0.825)),  # rounded to the nanosecond
-])
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        ([4.0, 100.0, 1.0, 3.0, 2.0], (3.0, 1.4, 61.6)),  # one slow outlier: the mean would be 22
+        ([10.0, 1.0, 4.0, 2.0], (3.0, 1.3, 8.2)),  # even count: the middle two averaged (the mean is 4.25)
+        ([7.0] * 5, (7.0, 7.0, 7.0)),
+        ([0.1234567, 0.1234567, 1.0], (0.123, 0.123, 0.825)),  # rounded to the nanosecond
+    ],
+)
 def test_stats_are_median_and_inclusive_deciles(samples: list[float], expected: tuple[float, float, float]) -> None:
     assert stats(samples) == expected
 
 
-@pytest.mark.parametrize(("total", "parts", "expected"), [(10, 1, [10]), (10, 3, [4, 3, 3]), (300, 10, [30] * 10),
-                                                    (7, 7, [1] * 7), (11, 4, [3, 3, 3, 2])])
+@pytest.mark.parametrize(
+    ("total", "parts", "expected"),
+    [(10, 1, [10]), (10, 3, [4, 3, 3]), (300, 10, [30] * 10), (7, 7, [1] * 7), (11, 4, [3, 3, 3, 2])],
+)
 def test_split_gives_every_repeat_once(total: int, parts: int, expected: list[int]) -> None:
     """The timing rounds take exactly ``--repeats`` samples: one too many would be recorded silently."""
     assert split(total, parts) == expected and sum(expected) == total
@@ -95,8 +100,10 @@ def test_cuda_kernel_floor_is_the_summed_kernel_durations() -> None:
 def test_profiled_row_takes_the_median_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-step floors 5, 7 and 100 us: the row's floor is 7 (the mean would be 37.333), its span the median span."""
     floors, spans = (5.0, 100.0, 7.0), (9.0, 120.0, 11.0)
-    windows = {("full", 1, k): Window(time_us=t, events=1, first_start=0.0, last_end=s)
-               for k, (t, s) in enumerate(zip(floors, spans))}
+    windows = {
+        ("full", 1, k): Window(time_us=t, events=1, first_start=0.0, last_end=s)
+        for k, (t, s) in enumerate(zip(floors, spans))
+    }
     monkeypatch.setattr(profiling, "attribute", lambda events, cuda: (windows, {}))
     runs = []
     row = {"mode": "full", "batch_size": 1, "kernel_floor_us": math.nan, "kernel_span_us": math.nan}

@@ -10,8 +10,9 @@ from cglab.metadata import AllocatingShortConvMetadataBuilder, build_attn_groups
 
 def _setup(config):
     buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, torch.device("cpu"))
-    tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens,
-                         torch.device("cpu"))
+    tables = BlockTables(
+        config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens, torch.device("cpu")
+    )
     return buffers, tables, build_attn_groups(config, torch.device("cpu"))
 
 
@@ -19,8 +20,9 @@ def _step(config, buffers, tables, groups, query_lens, seq_lens, blocks, padded_
     batch = InputBatch.prepare(query_lens, seq_lens, [1] * sum(query_lens), buffers, padded_tokens, padded_reqs)
     table = tables.write_block_tables(blocks, padded_reqs)
     bs = config.block_size
-    slots = [blocks[r][p // bs] * bs + p % bs for r, (q, s) in enumerate(zip(query_lens, seq_lens))
-             for p in range(s - q, s)]
+    slots = [
+        blocks[r][p // bs] * bs + p % bs for r, (q, s) in enumerate(zip(query_lens, seq_lens)) for p in range(s - q, s)
+    ]
     mapping = tables.write_slot_mappings(slots, padded_tokens)
     return prepare_attn(batch, table, mapping, groups), batch
 
@@ -77,8 +79,9 @@ def test_builders_reuse_their_storage_every_step():
 def test_allocating_builder_breaks_storage_reuse():
     config = ToyConfig()
     buffers, tables, _ = _setup(config)
-    groups = build_attn_groups(config, torch.device("cpu"),
-                               {"sconv": AllocatingShortConvMetadataBuilder(config, torch.device("cpu"))})
+    groups = build_attn_groups(
+        config, torch.device("cpu"), {"sconv": AllocatingShortConvMetadataBuilder(config, torch.device("cpu"))}
+    )
     first, _ = _step(config, buffers, tables, groups, [1], [3], [[0]], 1, 1)
     keep = first["layers.0.sconv"].tap_slots
     second, _ = _step(config, buffers, tables, groups, [1], [4], [[0]], 1, 1)
@@ -125,8 +128,10 @@ def test_a_dummy_batch_completes_groups_but_emits_nothing():
 # and rank 1 tokens 1, 3, 5, ...; with cp_interleave 4, rank 0 holds 0-3, 8-11, ... and rank 1 4-7, 12-15, ...
 DCP_SEQ_LENS = [1, 2, 5, 8, 10, 13]
 DCP_TABLE = {  # (cp_interleave, rank) -> local lengths of DCP_SEQ_LENS
-    (1, 0): [1, 1, 3, 4, 5, 7], (1, 1): [0, 1, 2, 4, 5, 6],
-    (4, 0): [1, 2, 4, 4, 6, 8], (4, 1): [0, 0, 1, 4, 4, 5],
+    (1, 0): [1, 1, 3, 4, 5, 7],
+    (1, 1): [0, 1, 2, 4, 5, 6],
+    (4, 0): [1, 2, 4, 4, 6, 8],
+    (4, 1): [0, 0, 1, 4, 4, 5],
 }
 
 

@@ -25,8 +25,9 @@ FLAVORS = ["compiled", "breakable"]
 @pytest.mark.parametrize("layers", PATTERNS)
 def test_fixed_path_replay_equals_eager(device, mode, layers, flavor, replays):
     steps = 14
-    result = run_repro(mode, piecewise_flavor=flavor, layers=layers, batch_sizes=MIXED_BATCHES, steps=steps,
-                       device=device)
+    result = run_repro(
+        mode, piecewise_flavor=flavor, layers=layers, batch_sizes=MIXED_BATCHES, steps=steps, device=device
+    )
     assert result.error is None
     assert result.max_abs_diff < result.tolerance, result.step_diffs
     assert not result.state_diverged, result.state_diffs
@@ -49,8 +50,14 @@ def test_legacy_compiled_piecewise_diverges_silently(device, layers, replays):
 @pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
 def test_legacy_breakable_piecewise_was_already_safe(device, layers, replays):
     """Before the fix, breakable capture got capture metadata (the assert tied the two together)."""
-    result = run_repro("piecewise", piecewise_flavor="breakable", legacy_skip_attn=True, layers=layers,
-                       strict_layers=True, device=device)
+    result = run_repro(
+        "piecewise",
+        piecewise_flavor="breakable",
+        legacy_skip_attn=True,
+        layers=layers,
+        strict_layers=True,
+        device=device,
+    )
     assert result.error is None and not result.diverged
     assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
 
@@ -69,9 +76,13 @@ def test_legacy_graph_never_writes_guarded_state(device):
         assert out.descriptor.cg_mode.name == "PIECEWISE"
     assert sum(runner.graph_replays().values()) == 8
     changed = {k: not v.equal(after_prefill[k]) for k, v in runner.state_tensors().items()}
-    assert changed == {"layers.0.sconv.conv_state": False, "layers.1.attn.kv_cache": True,
-                       "layers.2.compressor.state_cache": False, "layers.2.compressor.compressed_cache": False,
-                       "layers.3.attn.kv_cache": True}
+    assert changed == {
+        "layers.0.sconv.conv_state": False,
+        "layers.1.attn.kv_cache": True,
+        "layers.2.compressor.state_cache": False,
+        "layers.2.compressor.compressed_cache": False,
+        "layers.3.attn.kv_cache": True,
+    }
 
 
 def test_legacy_compiled_piecewise_with_strict_layers_fails_loudly(device):
@@ -102,7 +113,12 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
     """With the address guard off (the default on CUDA), the breakage is silent."""
     config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
     reference = ModelRunner(config, "none", device=device)
-    runner = ModelRunner(config, CompilationConfig("piecewise", check_addresses=False), device=device, builders={"sconv": AllocatingShortConvMetadataBuilder(config, reference.device)})
+    runner = ModelRunner(
+        config,
+        CompilationConfig("piecewise", check_addresses=False),
+        device=device,
+        builders={"sconv": AllocatingShortConvMetadataBuilder(config, reference.device)},
+    )
     for i in range(4):
         for r in (runner, reference):
             r.add_request(f"r{i}")
@@ -121,7 +137,12 @@ def test_fragile_assumption_allocating_builder_breaks_fixed_piecewise(device):
 def test_address_guard_catches_the_allocating_builder(device):
     """On by default in the simulator (opt-in on CUDA): the first replay names the replaced tensor."""
     config = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4, max_model_len=32, num_blocks=32)
-    runner = ModelRunner(config, CompilationConfig("piecewise", check_addresses=None if device == "cpu" else True), device=device, builders={"sconv": AllocatingShortConvMetadataBuilder(config, device)})
+    runner = ModelRunner(
+        config,
+        CompilationConfig("piecewise", check_addresses=None if device == "cpu" else True),
+        device=device,
+        builders={"sconv": AllocatingShortConvMetadataBuilder(config, device)},
+    )
     runner.add_request("r0")
     runner.step({"r0": [1, 2, 3]}, eager=True)  # eager steps read live tensors: nothing to guard
     with pytest.raises(AddressChangedError) as err:
@@ -173,16 +194,19 @@ class RandomCachesRunner(ModelRunner):
         self.before_capture = {name: t.clone() for name, t in self.state_tensors().items()}
 
 
-@pytest.mark.parametrize(("mode", "flavor"), [("full", "compiled"), ("piecewise", "compiled"),
-                                              ("piecewise", "breakable"), ("full", "breakable")])
+@pytest.mark.parametrize(
+    ("mode", "flavor"),
+    [("full", "compiled"), ("piecewise", "compiled"), ("piecewise", "breakable"), ("full", "breakable")],
+)
 @pytest.mark.parametrize("layers", ["compressor,attn", "sconv,attn,compressor,attn"])
 def test_capture_does_not_touch_caches(device, mode, flavor, layers):
     """Warmups and captures run the model on dummy batches whose slots are all PAD_SLOT_ID. With one
     request at most, the dummy batches of 4 and 8 tokens are one request each, whose 4th and 8th
     tokens complete compressor groups: still no cache row may change, not even by a bit."""
     config = ToyConfig(layers=layers, max_num_reqs=1)
-    runner = RandomCachesRunner(config, CompilationConfig(mode, (4, 8), use_breakable_cg=flavor == "breakable"),
-                                device=device)
+    runner = RandomCachesRunner(
+        config, CompilationConfig(mode, (4, 8), use_breakable_cg=flavor == "breakable"), device=device
+    )
     assert len(runner.graph_replays()) == 2
     for name, tensor in runner.state_tensors().items():
         assert torch.equal(tensor, runner.before_capture[name]), name

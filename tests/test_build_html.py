@@ -43,11 +43,14 @@ def _integrity(data: bytes) -> str:
 
 
 def test_links_to_notebooks_open_their_pages(build_html: Any) -> None:
-    page = ('<a href="02_toy_engine.ipynb">02</a> <a href="solutions/x.ipynb#exercise-2">x</a> '
-            '<a href="https://example.org/y.ipynb">y</a> <a href="notes.md">n</a>')
+    page = (
+        '<a href="02_toy_engine.ipynb">02</a> <a href="solutions/x.ipynb#exercise-2">x</a> '
+        '<a href="https://example.org/y.ipynb">y</a> <a href="notes.md">n</a>'
+    )
     assert build_html.NOTEBOOK_LINK.sub(r'href="\1.html\2"', page) == (
         '<a href="02_toy_engine.html">02</a> <a href="solutions/x.html#exercise-2">x</a> '
-        '<a href="https://example.org/y.ipynb">y</a> <a href="notes.md">n</a>')
+        '<a href="https://example.org/y.ipynb">y</a> <a href="notes.md">n</a>'
+    )
 
 
 def test_an_output_folder_it_did_not_write_is_refused(build_html: Any, tmp_path: Path) -> None:
@@ -68,8 +71,9 @@ def test_an_output_folder_it_did_not_write_is_refused(build_html: Any, tmp_path:
     assert (theirs / "notes.txt").read_text() == "mine"
 
 
-def test_a_download_that_does_not_match_its_pin_is_not_used(build_html: Any, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_download_that_does_not_match_its_pin_is_not_used(
+    build_html: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(build_html, "CACHE", tmp_path / "cache")
     package = build_html.NpmPackage("example", "1.0.0", _integrity(b"the real tarball"), ("index.js",))
     monkeypatch.setattr(build_html.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"something else"))
@@ -80,13 +84,26 @@ def test_a_download_that_does_not_match_its_pin_is_not_used(build_html: Any, tmp
     assert build_html.fetch(package).read_bytes() == b"the real tarball"
 
 
-
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=cglab tests", "-c", "user.email=tests@cglab.invalid",
-                    "-c", "commit.gpgsign=false", *args], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=cglab tests",
+            "-c",
+            "user.email=tests@cglab.invalid",
+            "-c",
+            "commit.gpgsign=false",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def _notebook(path: Path, heading: str) -> None:
@@ -111,17 +128,19 @@ def checkout(tmp_path: Path) -> Path:
     return repo
 
 
-def test_make_html_builds_the_committed_notebooks_unless_asked(build_html: Any, checkout: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_make_html_builds_the_committed_notebooks_unless_asked(
+    build_html: Any, checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     first, new = checkout / "notebooks" / "01_first.ipynb", checkout / "notebooks" / "02_new.ipynb"
     sources, notes = build_html.select_sources([first, new])  # the default: HEAD
     assert [s.path for s in sources] == [first]
     assert sources[0].notebook.cells[0].source.startswith("# As committed")
     assert len(notes) == 1 and "02_new.ipynb is not committed" in notes[0]
     on_disk, notes = build_html.select_sources([first, new], "worktree")
-    assert [s.notebook.cells[0].source.splitlines()[0] for s in on_disk] == ["# Changed by Run All",
-                                                                              "# Not committed yet"]
+    assert [s.notebook.cells[0].source.splitlines()[0] for s in on_disk] == [
+        "# Changed by Run All",
+        "# Not committed yet",
+    ]
     assert notes == []
 
     monkeypatch.setattr(build_html, "copy_assets", lambda static: static.mkdir(parents=True))  # no download
@@ -139,8 +158,10 @@ def test_make_html_builds_the_committed_notebooks_unless_asked(build_html: Any, 
 
 
 def test_outside_a_git_checkout_the_files_on_disk_are_built(build_html: Any, tmp_path: Path) -> None:
-    if shutil.which("git") is not None and subprocess.run(["git", "-C", str(tmp_path), "rev-parse"],
-                                                          check=False, capture_output=True).returncode == 0:
+    if (
+        shutil.which("git") is not None
+        and subprocess.run(["git", "-C", str(tmp_path), "rev-parse"], check=False, capture_output=True).returncode == 0
+    ):
         pytest.skip("the temporary folder is inside a git checkout here")
     loose = tmp_path / "loose" / "notes.ipynb"
     _notebook(loose, "A notebook from an archive")
@@ -154,8 +175,12 @@ def test_every_saved_widget_shows_the_saved_state_banner_once(build_html: Any, t
     counts = {}
     for path in notebooks:
         notebook = build_html.nbformat.read(path, as_version=4)
-        saved = sum(WIDGET_VIEW in output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
-                    for output in cell.outputs)
+        saved = sum(
+            WIDGET_VIEW in output.get("data", {})
+            for cell in notebook.cells
+            if cell.cell_type == "code"
+            for output in cell.outputs
+        )
         if saved or path.name.startswith("00_"):  # the pages with widgets, and one without
             page = tmp_path / path.relative_to(ROOT).with_suffix(".html")
             build_html.convert(notebook, path.stem, page, tmp_path)
@@ -182,5 +207,7 @@ def test_the_chinese_pages_are_marked_chinese_and_listed_apart(build_html: Any, 
     assert 'href="../00_welcome.html"' in chinese and 'href="00_glossary.html"' in chinese  # links open pages
     build_html.write_index(tmp_path, pages)
     index = (tmp_path / "index.html").read_text(encoding="utf-8")
-    assert index.index("<h2>Notebooks</h2>") < index.index("00b_express.html") < index.index("<h2>简体中文 (Chinese)</h2>")
+    assert (
+        index.index("<h2>Notebooks</h2>") < index.index("00b_express.html") < index.index("<h2>简体中文 (Chinese)</h2>")
+    )
     assert index.index("<h2>简体中文 (Chinese)</h2>") < index.index('href="zh/00b_express.html">00b · 快速路径')

@@ -13,8 +13,12 @@ from cglab.repro import schedule
 def test_schedule_mixes_prompt_chunks_with_decodes():
     steps = list(schedule([[1, 2, 3], [4, 5]], [[10, 11, 12], [20, 21, 22]], batch_sizes=[2], steps=4, prefill_chunk=2))
     # A chunk's budget spills over to the next waiting prompt; a request decodes once its prompt is in.
-    assert [s for s, _ in steps] == [{"req0": [1, 2]}, {"req0": [3], "req1": [4]}, {"req0": [10], "req1": [5]},
-                                     {"req0": [11], "req1": [20]}]
+    assert [s for s, _ in steps] == [
+        {"req0": [1, 2]},
+        {"req0": [3], "req1": [4]},
+        {"req0": [10], "req1": [5]},
+        {"req0": [11], "req1": [20]},
+    ]
     assert not any(eager for _, eager in steps)
     eager_first = list(schedule([[1, 2, 3]], [[9, 8]], batch_sizes=[1], steps=2, prefill_chunk=0))
     assert eager_first == [({"req0": [1, 2, 3]}, True), ({"req0": [9]}, False), ({"req0": [8]}, False)]
@@ -40,8 +44,14 @@ def test_full_and_piecewise_shows_the_bug_once_mixed_batches_replay_piecewise(de
     assert result.steps_by_mode.get("piecewise", 0) >= 10  # the prompt chunks mixed with decodes
     assert replays == {m: n for m, n in result.steps_by_mode.items() if m != "none"}  # really replayed
     assert result.error is None and result.diverged  # still silent
-    breakable = run_repro("full_and_piecewise", legacy_skip_attn=True, prefill_chunk=4, steps=20,
-                          piecewise_flavor="breakable", device=device)
+    breakable = run_repro(
+        "full_and_piecewise",
+        legacy_skip_attn=True,
+        prefill_chunk=4,
+        steps=20,
+        piecewise_flavor="breakable",
+        device=device,
+    )
     assert breakable.steps_by_mode == result.steps_by_mode and not breakable.diverged
 
 

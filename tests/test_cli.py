@@ -19,8 +19,21 @@ from cglab.repro import divergence_verdict
 from cglab.repro_report import repro_header
 from cglab.spec_decode.repro import spec_divergence_verdict, summarize_spec
 
-KEYS = ["mode", "piecewise_flavor", "legacy_skip_attn", "layers", "backend", "steps", "prefill_chunk", "cudagraph_mode",
-        "captured_sizes", "steps_by_mode", "max_abs_diff", "state_diverged", "error"]
+KEYS = [
+    "mode",
+    "piecewise_flavor",
+    "legacy_skip_attn",
+    "layers",
+    "backend",
+    "steps",
+    "prefill_chunk",
+    "cudagraph_mode",
+    "captured_sizes",
+    "steps_by_mode",
+    "max_abs_diff",
+    "state_diverged",
+    "error",
+]
 
 
 def _repro_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -45,19 +58,26 @@ def test_divergence_and_refused_capture_still_exit_zero(capsys: pytest.CaptureFi
 
 def test_a_closed_stdout_says_the_result_was_not_printed() -> None:
     """Nothing was saved: the one line on stderr says the result was lost, not that the disk failed."""
-    proc = subprocess.Popen([sys.executable, "-m", "cglab", "repro", "--steps", "2", "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cglab", "repro", "--steps", "2", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 1
-    assert err == ("python -m cglab repro: error: stdout was closed (its reader went away) before the result was "
-                   "printed in full\n")
+    assert err == (
+        "python -m cglab repro: error: stdout was closed (its reader went away) before the result was printed in full\n"
+    )
 
 
-@pytest.mark.parametrize("spec", [[], ["--num-speculative-tokens", "1", "--layers", "attn,attn"]],
-                         ids=["plain", "speculative"])
-def test_a_run_in_a_terminal_shows_how_far_it_got(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                                  spec: list[str]) -> None:
+@pytest.mark.parametrize(
+    "spec", [[], ["--num-speculative-tokens", "1", "--layers", "attn,attn"]], ids=["plain", "speculative"]
+)
+def test_a_run_in_a_terminal_shows_how_far_it_got(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], spec: list[str]
+) -> None:
     """A long run (``--batch-sizes 256 --steps 4000``: minutes) used to print nothing until the end: in a
     terminal, a bar of the steps goes to stderr (here at once; by default after 2 s)."""
     monkeypatch.setattr("cglab.cli.BAR_DELAY_S", 0)
@@ -86,8 +106,21 @@ def test_strict_layers_error_fails_check_and_modes_ignore_case(capsys: pytest.Ca
 def test_repro_json_with_speculative_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     """The two acceptance keys come last; --check passes the fixed drafter and fails the legacy one, whose
     target outputs are exact (an attention-only target) but whose acceptance fell below the eager drafter's."""
-    argv = ["repro", "--json", "--check", "--steps", "4", "--batch-sizes", "1,2", "--layers", "attn,attn",
-            "--num-speculative-tokens", "2", "--seed", "5"]
+    argv = [
+        "repro",
+        "--json",
+        "--check",
+        "--steps",
+        "4",
+        "--batch-sizes",
+        "1,2",
+        "--layers",
+        "attn,attn",
+        "--num-speculative-tokens",
+        "2",
+        "--seed",
+        "5",
+    ]
     assert main(argv) == 0
     fixed = json.loads(capsys.readouterr().out)
     assert list(fixed) == [*KEYS, "acceptance_rate", "reference_acceptance_rate"]
@@ -105,9 +138,11 @@ def test_spec_decode_captures_sizes_as_model_runner_v2(capsys: pytest.CaptureFix
     """PIECEWISE graphs keep the capture sizes; FULL uniform-decode graphs round them up to multiples of K + 1,
     and any K the help allows runs: no size has to fit K + 1 (issue 37)."""
     argv = ["repro", "--json", "--mode", "full_and_piecewise", "--layers", "attn,attn", "--steps", "2"]
-    for k, sizes, captured in (("2", "1,2,4,8", {"piecewise": [1, 2, 4, 8], "full": [3, 6]}),
-                               ("16", "9,18,36", {"piecewise": [9, 18, 36], "full": [17, 34]}),
-                               ("16", "1,2,4,8", {"piecewise": [1, 2, 4, 8]})):  # 17 tokens fit no graph: eager
+    for k, sizes, captured in (
+        ("2", "1,2,4,8", {"piecewise": [1, 2, 4, 8], "full": [3, 6]}),
+        ("16", "9,18,36", {"piecewise": [9, 18, 36], "full": [17, 34]}),
+        ("16", "1,2,4,8", {"piecewise": [1, 2, 4, 8]}),
+    ):  # 17 tokens fit no graph: eager
         assert main([*argv, "--num-speculative-tokens", k, "--capture-sizes", sizes]) == 0
         data = json.loads(capsys.readouterr().out)
         assert data["captured_sizes"] == captured and data["acceptance_rate"] == data["reference_acceptance_rate"]
@@ -115,15 +150,20 @@ def test_spec_decode_captures_sizes_as_model_runner_v2(capsys: pytest.CaptureFix
     assert "acceptance rate" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("argv", "fix"), [
-    (["--num-speculative-tokens", "-1"], "at least 0"),
-    (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
-    (["--num-speculative-tokens", "17"], "is above 16"),
-    (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
-    (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
-], ids=["negative", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches", "with-chunked-prefill"])
-def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                                         fix: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["--num-speculative-tokens", "-1"], "at least 0"),
+        (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
+        (["--num-speculative-tokens", "17"], "is above 16"),
+        (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
+        (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
+    ],
+    ids=["negative", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches", "with-chunked-prefill"],
+)
+def test_bad_speculative_arguments_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], fix: str
+) -> None:
     started = time.monotonic()
     assert main(["repro", *argv]) == 2
     assert time.monotonic() - started < 5  # refused before any work: 1000 tokens used to run until killed
@@ -133,10 +173,17 @@ def test_bad_speculative_arguments_exit_2_with_one_line(capsys: pytest.CaptureFi
 
 # -- switches that would change nothing: one warning line each on stderr, and the run goes on ------------------
 
-GRAPH_SWITCHES = [["--legacy-skip-attn", "--check"], ["--piecewise-flavor", "compiled"],
-                  ["--splitting-ops", "cglab::unified_attention"], ["--capture-sizes", "1,2"], ["--strict-layers"],
-                  ["--python-guards"], ["--pre-49751-dummy-split"], ["--uniform-decode-by-shape"],
-                  ["--num-speculative-tokens", "2", "--frozen-step-index"]]
+GRAPH_SWITCHES = [
+    ["--legacy-skip-attn", "--check"],
+    ["--piecewise-flavor", "compiled"],
+    ["--splitting-ops", "cglab::unified_attention"],
+    ["--capture-sizes", "1,2"],
+    ["--strict-layers"],
+    ["--python-guards"],
+    ["--pre-49751-dummy-split"],
+    ["--uniform-decode-by-shape"],
+    ["--num-speculative-tokens", "2", "--frozen-step-index"],
+]
 NONE_WHY = "under --mode none: it captures no graph (the run compares eager with eager)"
 
 
@@ -151,43 +198,78 @@ def _warnings(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
 @pytest.mark.parametrize("switch", GRAPH_SWITCHES, ids=lambda argv: argv[0] if len(argv) < 3 else argv[-1])
 def test_graph_switches_under_mode_none_warn_and_run(capsys: pytest.CaptureFixture[str], switch: list[str]) -> None:
     """Scripted sweeps pass the same switches to every mode: under none they do nothing, and say so once."""
-    flag = next(a for a in switch if a not in ("--check", "--num-speculative-tokens", "2", "compiled", "1,2")
-                and not a.startswith("cglab::"))
+    flag = next(
+        a
+        for a in switch
+        if a not in ("--check", "--num-speculative-tokens", "2", "compiled", "1,2") and not a.startswith("cglab::")
+    )
     assert _warnings(capsys, "--mode", "none", *switch) == [
-        f"python -m cglab repro: warning: {flag} changes nothing {NONE_WHY}"]
+        f"python -m cglab repro: warning: {flag} changes nothing {NONE_WHY}"
+    ]
 
 
 def test_every_graph_switch_under_mode_none_is_named_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert _warnings(capsys, "--mode", "none", "--legacy-skip-attn", "--strict-layers", "--capture-sizes", "1") == [
         f"python -m cglab repro: warning: --legacy-skip-attn and --capture-sizes and --strict-layers change nothing "
-        f"{NONE_WHY}"]
+        f"{NONE_WHY}"
+    ]
 
 
 IDLE = "python -m cglab repro: warning: "
 BREAKABLE_WHY = "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention"
 
 
-@pytest.mark.parametrize(("argv", "warnings"), [
-    (["--piecewise-flavor", "breakable", "--splitting-ops", "cglab::unified_attention", "--python-guards"],
-     [f"{IDLE}--splitting-ops and --python-guards change nothing {BREAKABLE_WHY}"]),
-    (["--mode", "full", "--piecewise-flavor", "breakable", "--splitting-ops", "cglab::unified_attention"],
-     [f"{IDLE}--splitting-ops changes nothing {BREAKABLE_WHY}"]),
-    (["--num-speculative-tokens", "1", "--frozen-step-index", "--layers", "attn,attn"],
-     [f"{IDLE}--frozen-step-index changes nothing with one speculative token: no draft decode step"]),
-    (["--frozen-step-index", "--draft-layers", "sconv,attn"],
-     [f"{IDLE}--draft-layers and --frozen-step-index change nothing without --num-speculative-tokens K: there is no "
-      "drafter"]),
-    (["--mode", "none", "--frozen-step-index", "--strict-layers"],
-     [f"{IDLE}--frozen-step-index changes nothing without --num-speculative-tokens K: there is no drafter",
-      f"{IDLE}--strict-layers changes nothing {NONE_WHY}"]),
-    # Switches that do something here: not a word.
-    (["--splitting-ops", "cglab::unified_attention,cglab::short_conv", "--python-guards"], []),
-    (["--mode", "full", "--piecewise-flavor", "compiled", "--capture-sizes", "1,2"], []),
-    (["--num-speculative-tokens", "2", "--frozen-step-index", "--layers", "attn,attn", "--draft-layers", "attn"], []),
-], ids=["breakable-compiles-nothing", "breakable-under-full", "one-draft", "no-drafter", "none-and-no-drafter",
-        "compiled-splitting-ops", "full-compiled", "drafter-switches"])
-def test_a_switch_that_does_nothing_here_is_one_warning_line(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                                            warnings: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "warnings"),
+    [
+        (
+            ["--piecewise-flavor", "breakable", "--splitting-ops", "cglab::unified_attention", "--python-guards"],
+            [f"{IDLE}--splitting-ops and --python-guards change nothing {BREAKABLE_WHY}"],
+        ),
+        (
+            ["--mode", "full", "--piecewise-flavor", "breakable", "--splitting-ops", "cglab::unified_attention"],
+            [f"{IDLE}--splitting-ops changes nothing {BREAKABLE_WHY}"],
+        ),
+        (
+            ["--num-speculative-tokens", "1", "--frozen-step-index", "--layers", "attn,attn"],
+            [f"{IDLE}--frozen-step-index changes nothing with one speculative token: no draft decode step"],
+        ),
+        (
+            ["--frozen-step-index", "--draft-layers", "sconv,attn"],
+            [
+                f"{IDLE}--draft-layers and --frozen-step-index change nothing without --num-speculative-tokens K: there is no "
+                "drafter"
+            ],
+        ),
+        (
+            ["--mode", "none", "--frozen-step-index", "--strict-layers"],
+            [
+                f"{IDLE}--frozen-step-index changes nothing without --num-speculative-tokens K: there is no drafter",
+                f"{IDLE}--strict-layers changes nothing {NONE_WHY}",
+            ],
+        ),
+        # Switches that do something here: not a word.
+        (["--splitting-ops", "cglab::unified_attention,cglab::short_conv", "--python-guards"], []),
+        (["--mode", "full", "--piecewise-flavor", "compiled", "--capture-sizes", "1,2"], []),
+        (
+            ["--num-speculative-tokens", "2", "--frozen-step-index", "--layers", "attn,attn", "--draft-layers", "attn"],
+            [],
+        ),
+    ],
+    ids=[
+        "breakable-compiles-nothing",
+        "breakable-under-full",
+        "one-draft",
+        "no-drafter",
+        "none-and-no-drafter",
+        "compiled-splitting-ops",
+        "full-compiled",
+        "drafter-switches",
+    ],
+)
+def test_a_switch_that_does_nothing_here_is_one_warning_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], warnings: list[str]
+) -> None:
     assert _warnings(capsys, *argv) == warnings
 
 
@@ -196,8 +278,10 @@ def test_mode_none_still_runs_with_check(capsys: pytest.CaptureFixture[str]) -> 
     assert "matches eager" in capsys.readouterr().out
 
 
-NOTE = (f"{IDLE}--legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs "
-        "got capture metadata before the fix too")
+NOTE = (
+    f"{IDLE}--legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs "
+    "got capture metadata before the fix too"
+)
 
 
 @pytest.mark.parametrize("output", [["--json"], []], ids=["json", "human"])
@@ -229,11 +313,15 @@ BAD_ARGUMENTS = {
     "mode": (["repro", "--mode", "bogus"], f"argument --mode: invalid choice: 'bogus' (choose from {MODES})"),
     "device": (["repro", "--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'cpu', 'cuda')"),
     "sizes": (["repro", "--batch-sizes", "1,,2"], "'1,,2' has an empty item"),
-    "empty-draft-layers": (["repro", "--num-speculative-tokens", "2", "--draft-layers", ""],
-                           "argument --draft-layers: expected comma-separated names from attn, sconv, compressor"),
+    "empty-draft-layers": (
+        ["repro", "--num-speculative-tokens", "2", "--draft-layers", ""],
+        "argument --draft-layers: expected comma-separated names from attn, sconv, compressor",
+    ),
     "bench-mode": (["bench", "--out", "x", "--modes", "fast"], "expected comma-separated names from none, piecewise"),
-    "startup-policy": (["startup", "--out", "x", "--policies", "full_decode_only"],
-                       "expected comma-separated names from piecewise, full, full_and_piecewise"),
+    "startup-policy": (
+        ["startup", "--out", "x", "--policies", "full_decode_only"],
+        "expected comma-separated names from piecewise, full, full_and_piecewise",
+    ),
 }
 
 
@@ -241,8 +329,7 @@ BAD_ARGUMENTS = {
 def test_bad_arguments_exit_2_before_torch_is_imported(case: str) -> None:
     """One line naming the valid values, exit 2, and no torch: refused at once, not seconds later."""
     argv, message = BAD_ARGUMENTS[case]
-    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], check=False, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], check=False, capture_output=True, text=True, timeout=60)
     *error, probe = proc.stderr.splitlines()
     assert (proc.returncode, proc.stdout, probe) == (2, "", "torch imported: False"), proc.stderr
     assert len(error) == 1 and error[0].startswith(f"python -m cglab {argv[0]}: error: ") and message in error[0]
@@ -250,10 +337,12 @@ def test_bad_arguments_exit_2_before_torch_is_imported(case: str) -> None:
 
 def test_import_cglab_imports_no_torch_until_a_name_is_used() -> None:
     """The package is lazy (``python -m cglab`` imports it first); its names still import as before."""
-    code = ("import sys, cglab, cglab.bench; assert 'torch' not in sys.modules; "
-            "from cglab import ModelRunner, ToyConfig, run_repro; from cglab.bench import run_bench; "
-            "assert 'torch' in sys.modules and ModelRunner.__module__ == 'cglab.runner'; "
-            "import cglab as c; assert all(hasattr(c, n) for n in c.__all__) and set(c.__all__) <= set(dir(c))")
+    code = (
+        "import sys, cglab, cglab.bench; assert 'torch' not in sys.modules; "
+        "from cglab import ModelRunner, ToyConfig, run_repro; from cglab.bench import run_bench; "
+        "assert 'torch' in sys.modules and ModelRunner.__module__ == 'cglab.runner'; "
+        "import cglab as c; assert all(hasattr(c, n) for n in c.__all__) and set(c.__all__) <= set(dir(c))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -290,15 +379,20 @@ def test_every_option_says_its_default(capsys: pytest.CaptureFixture[str], comma
             assert "default" in action.help.lower(), action.dest
         else:
             assert f"(default: {action.default})" in text, action.dest
-    expected = {"repro": ["(default: piecewise)", "(default: 3,1,8)", "(default: 16)", "(default: False)"],
-                "bench": ["default 1024 (--quick: 32)", "default 300 (--quick: 20)", "default 1,2,4,8,16,32,64,128,256"],
-                "startup": ["default 256 (--quick: 8)", "default piecewise,full,full_and_piecewise"]}[command]
+    expected = {
+        "repro": ["(default: piecewise)", "(default: 3,1,8)", "(default: 16)", "(default: False)"],
+        "bench": ["default 1024 (--quick: 32)", "default 300 (--quick: 20)", "default 1,2,4,8,16,32,64,128,256"],
+        "startup": ["default 256 (--quick: 8)", "default piecewise,full,full_and_piecewise"],
+    }[command]
     assert all(e in text for e in expected), text
 
 
 def _example_lines(text: str) -> list[str]:
-    return [line.strip() for line in text.split("examples:\n", 1)[1].splitlines()
-            if line.strip().startswith("python -m cglab ")]
+    return [
+        line.strip()
+        for line in text.split("examples:\n", 1)[1].splitlines()
+        if line.strip().startswith("python -m cglab ")
+    ]
 
 
 @pytest.mark.parametrize("command", [[], ["repro"], ["bench"], ["startup"]], ids=lambda c: c[0] if c else "top")
@@ -325,27 +419,52 @@ def test_the_examples_are_real_runs(capsys: pytest.CaptureFixture[str]) -> None:
 # -- verdicts name what diverged -----------------------------------------------------------------------------
 
 TARGET, DRAFTER = "layers.0.sconv.conv_state", "draft.layers.0.sconv.conv_state"
-SPEC_BASE = ReproResult("piecewise", "compiled", True, "sconv,attn", "sim", {"piecewise": [3, 6]}, 4, 0,
-                        {"piecewise": 4}, 0.0, False, None, state_diffs={TARGET: 0.0, DRAFTER: 0.0},
-                        num_speculative_tokens=2, acceptance_rate=0.5, reference_acceptance_rate=0.5,
-                        tokens_per_step=[2.0], reference_tokens_per_step=[2.0], outputs_identical=True)
+SPEC_BASE = ReproResult(
+    "piecewise",
+    "compiled",
+    True,
+    "sconv,attn",
+    "sim",
+    {"piecewise": [3, 6]},
+    4,
+    0,
+    {"piecewise": 4},
+    0.0,
+    False,
+    None,
+    state_diffs={TARGET: 0.0, DRAFTER: 0.0},
+    num_speculative_tokens=2,
+    acceptance_rate=0.5,
+    reference_acceptance_rate=0.5,
+    tokens_per_step=[2.0],
+    reference_tokens_per_step=[2.0],
+    outputs_identical=True,
+)
 # case -> (fields, the repro line's verdict, summarize_spec's cache verdict)
 SPEC_VERDICTS = {
-    "logits": ({"max_abs_diff": 0.3}, "logits DIVERGED from eager; target caches and drafter caches match",
-               "target caches and drafter caches match eager"),
-    "target-caches": ({"state_diffs": {TARGET: 0.5, DRAFTER: 0.0}, "state_diverged": True},
-                      "target caches DIVERGED from eager; logits and drafter caches match",
-                      f"target caches ({TARGET}) DIVERGED from eager; drafter caches match"),
-    "drafter-caches": ({"state_diffs": {TARGET: 0.0, DRAFTER: 0.5}, "state_diverged": True},
-                       "drafter caches DIVERGED from eager; logits and target caches match",
-                       f"drafter caches ({DRAFTER}) DIVERGED from eager; target caches match"),
+    "logits": (
+        {"max_abs_diff": 0.3},
+        "logits DIVERGED from eager; target caches and drafter caches match",
+        "target caches and drafter caches match eager",
+    ),
+    "target-caches": (
+        {"state_diffs": {TARGET: 0.5, DRAFTER: 0.0}, "state_diverged": True},
+        "target caches DIVERGED from eager; logits and drafter caches match",
+        f"target caches ({TARGET}) DIVERGED from eager; drafter caches match",
+    ),
+    "drafter-caches": (
+        {"state_diffs": {TARGET: 0.0, DRAFTER: 0.5}, "state_diverged": True},
+        "drafter caches DIVERGED from eager; logits and target caches match",
+        f"drafter caches ({DRAFTER}) DIVERGED from eager; target caches match",
+    ),
     "none": ({}, "matches eager", "target caches and drafter caches match eager"),
 }
 
 
 @pytest.mark.parametrize("case", list(SPEC_VERDICTS))
-def test_the_speculative_verdict_names_what_diverged(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str], case: str) -> None:
+def test_the_speculative_verdict_names_what_diverged(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
     """A broken drafter leaves the logits exact: "DIVERGED" must say whose caches, in the repro line and in
     the speculative summary alike."""
     fields, verdict, caches = SPEC_VERDICTS[case]
@@ -359,13 +478,20 @@ def test_the_speculative_verdict_names_what_diverged(monkeypatch: pytest.MonkeyP
     assert lines[-1].endswith(caches)
 
 
-@pytest.mark.parametrize(("fields", "verdict"), [
-    ({"max_abs_diff": 0.3, "state_diffs": {TARGET: 0.5}, "state_diverged": True}, "logits and caches DIVERGED from eager"),
-    ({"max_abs_diff": 0.3}, "logits DIVERGED from eager; caches match"),
-    ({"state_diffs": {TARGET: 0.5}, "state_diverged": True}, "caches DIVERGED from eager; logits match"),
-    ({"state_diverged": True}, "caches DIVERGED from eager; logits match"),  # which cache is not known
-    ({}, "matches eager"),
-], ids=["both", "logits", "caches", "caches-unnamed", "none"])
+@pytest.mark.parametrize(
+    ("fields", "verdict"),
+    [
+        (
+            {"max_abs_diff": 0.3, "state_diffs": {TARGET: 0.5}, "state_diverged": True},
+            "logits and caches DIVERGED from eager",
+        ),
+        ({"max_abs_diff": 0.3}, "logits DIVERGED from eager; caches match"),
+        ({"state_diffs": {TARGET: 0.5}, "state_diverged": True}, "caches DIVERGED from eager; logits match"),
+        ({"state_diverged": True}, "caches DIVERGED from eager; logits match"),  # which cache is not known
+        ({}, "matches eager"),
+    ],
+    ids=["both", "logits", "caches", "caches-unnamed", "none"],
+)
 def test_the_verdict_without_a_drafter(fields: dict, verdict: str) -> None:
     result = replace(SPEC_BASE, **{"num_speculative_tokens": 0, "state_diffs": {TARGET: 0.0}, **fields})
     assert divergence_verdict(result) == verdict
@@ -373,15 +499,17 @@ def test_the_verdict_without_a_drafter(fields: dict, verdict: str) -> None:
 
 def test_tokens_that_differ_are_named_too() -> None:
     result = replace(SPEC_BASE, max_abs_diff=0.3, outputs_identical=False)
-    assert spec_divergence_verdict(result) == ("logits and generated tokens DIVERGED from eager; target caches and "
-                                               "drafter caches match")
+    assert spec_divergence_verdict(result) == (
+        "logits and generated tokens DIVERGED from eager; target caches and drafter caches match"
+    )
 
 
 # -- the header names the switches that change the run -------------------------------------------------------
 
 
-def test_a_frozen_step_index_run_says_so_in_its_header(monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_frozen_step_index_run_says_so_in_its_header(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = replace(SPEC_BASE, mode="full", legacy_skip_attn=False, captured_sizes={"full": [3, 6]})
     frozen = "--frozen-step-index on (the draft step index is a Python int frozen at capture)"
     assert repro_header(result, frozen_step_index=True) == f"mode FULL, layers sconv,attn, {frozen}, backend sim"

@@ -41,8 +41,14 @@ def _decode(runner: ModelRunner) -> list[tuple[str, torch.Tensor]]:
     for i in range(3):
         runner.add_request(f"r{i}")
         runner.step({f"r{i}": [1 + i, 2, 3, 4, 5]}, eager=True)
-    schedules = [{"r0": [7]}, {"r0": [8], "r1": [9]}, {"r0": [10], "r1": [11, 12]},
-                 {"r0": [13], "r1": [14], "r2": [15]}, {"r0": [16, 17]}, {"r2": [18]}]
+    schedules = [
+        {"r0": [7]},
+        {"r0": [8], "r1": [9]},
+        {"r0": [10], "r1": [11, 12]},
+        {"r0": [13], "r1": [14], "r2": [15]},
+        {"r0": [16, 17]},
+        {"r2": [18]},
+    ]
     return [(str(step.descriptor), step.logits) for step in map(runner.step, schedules)]
 
 
@@ -70,13 +76,17 @@ def test_an_identical_engine_reuses_the_trace_and_steps_as_a_freshly_traced_one(
         runner.close()
 
 
-@pytest.mark.parametrize("variant", [
-    ToyConfig(layers=CONFIG.layers, max_num_reqs=4, python_guards=True),  # decided in forward, at the trace
-    ToyConfig(layers=CONFIG.layers, max_num_reqs=4, strict_layers=True),
-    ToyConfig(layers=("sconv", "attn"), max_num_reqs=4),
-    ToyConfig(layers=CONFIG.layers, max_num_reqs=4, hidden_size=16),
-    ToyConfig(layers=CONFIG.layers, max_num_reqs=8),  # another max_num_tokens: other buffer shapes
-], ids=["python-guards", "strict", "layers", "hidden-size", "max-num-reqs"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ToyConfig(layers=CONFIG.layers, max_num_reqs=4, python_guards=True),  # decided in forward, at the trace
+        ToyConfig(layers=CONFIG.layers, max_num_reqs=4, strict_layers=True),
+        ToyConfig(layers=("sconv", "attn"), max_num_reqs=4),
+        ToyConfig(layers=CONFIG.layers, max_num_reqs=4, hidden_size=16),
+        ToyConfig(layers=CONFIG.layers, max_num_reqs=8),  # another max_num_tokens: other buffer shapes
+    ],
+    ids=["python-guards", "strict", "layers", "hidden-size", "max-num-reqs"],
+)
 def test_what_the_trace_depends_on_keeps_engines_apart(variant: ToyConfig) -> None:
     _runner().close()
     other = _runner(variant)
@@ -132,8 +142,11 @@ class _ReadsAPlainTensor(nn.Module):
 def test_a_forward_that_reads_other_state_is_refused_by_name() -> None:
     backend = CglabBackend(get_backend("sim", torch.device("cpu")), [], piecewise=False)
     model = CompiledModel(_ReadsAPlainTensor(), backend)
-    with pytest.raises(CaptureError, match=r"reads L\['self'\]\.scale, which cglab cannot pass to it: forward "
-                                           r"may read the model's parameters and buffers and its tensor arguments"):
+    with pytest.raises(
+        CaptureError,
+        match=r"reads L\['self'\]\.scale, which cglab cannot pass to it: forward "
+        r"may read the model's parameters and buffers and its tensor arguments",
+    ):
         with set_forward_context(None, CUDAGraphMode.NONE):
             model(torch.ones(3), torch.ones(3))
 
@@ -156,8 +169,13 @@ def test_a_trace_made_without_metadata_is_not_reused_with_it() -> None:
     must trace again; reusing that trace, its caches diverged from eager."""
     from cglab.spec_decode import run_spec_repro
 
-    case = {"layers": "attn,attn", "draft_layers": "sconv,attn", "python_guards": True, "steps": 3,
-            "batch_sizes": (1, 2)}
+    case = {
+        "layers": "attn,attn",
+        "draft_layers": "sconv,attn",
+        "python_guards": True,
+        "steps": 3,
+        "batch_sizes": (1, 2),
+    }
     assert run_spec_repro("piecewise", legacy_skip_attn=True, **case).state_diverged
     fixed = run_spec_repro("piecewise", **case)
     assert not fixed.diverged and fixed.acceptance_rate == fixed.reference_acceptance_rate

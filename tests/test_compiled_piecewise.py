@@ -114,14 +114,16 @@ def test_the_revert_pre_49751_dummy_split_reads_past_a_block_table_row(device, r
         "CaptureError: capturing the PIECEWISE(tokens=127, reqs=any) graph failed: layers.1.attn: request 63 of "
         "this batch has 64 tokens, above max_model_len (32), so attention would read block_table[63][8..15], past "
         "the 8 blocks of its row: an illegal address on a GPU. This is the crash that got vLLM PR #49364 reverted; "
-        "#49751 splits the dummy batch so that no request exceeds max_model_len (drop pre_49751_dummy_split)")
+        "#49751 splits the dummy batch so that no request exceeds max_model_len (drop pre_49751_dummy_split)"
+    )
     fixed = run_repro("piecewise", device=device, **REVERT)  # #49751's split: at most 2 tokens a request
     assert fixed.error is None and not fixed.diverged and fixed.captured_sizes == {"piecewise": [8, 127]}
     assert _replayed(fixed, replays)
     # Before #49364 compiled PIECEWISE captured with no attention metadata: attention took its profiling
     # path at capture, so the old split never reached a kernel.
-    legacy = run_repro("piecewise", pre_49751_dummy_split=True, legacy_skip_attn=True, layers="attn", device=device,
-                       **REVERT)
+    legacy = run_repro(
+        "piecewise", pre_49751_dummy_split=True, legacy_skip_attn=True, layers="attn", device=device, **REVERT
+    )
     assert legacy.error is None and not legacy.diverged and _replayed(legacy, replays)
     full = run_repro("full", pre_49751_dummy_split=True, device=device, **REVERT)  # capture metadata: max_model_len
     assert full.error is None and not full.diverged and _replayed(full, replays)
@@ -139,15 +141,17 @@ def test_a_recompile_is_impossible(device):
     runner.close()
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"use_breakable_cg": "fused"}, "use_breakable_cg must be True or False"),
-    ({"splitting_ops": ["cglab::flash_attn"]}, "unknown splitting op(s) 'cglab::flash_attn'; valid names"),
-    ({"splitting_ops": ["cglab::compressor"]}, "'cglab::compressor' are not in this model"),
-    ({"splitting_ops": []}, "splitting_ops is empty"),
-    ({"splitting_ops": ["cglab::short_conv"], "use_breakable_cg": True},
-     "applies to piecewise_flavor='compiled'"),
-    ({"backend": "tvm"}, "unknown compile backend 'tvm'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"use_breakable_cg": "fused"}, "use_breakable_cg must be True or False"),
+        ({"splitting_ops": ["cglab::flash_attn"]}, "unknown splitting op(s) 'cglab::flash_attn'; valid names"),
+        ({"splitting_ops": ["cglab::compressor"]}, "'cglab::compressor' are not in this model"),
+        ({"splitting_ops": []}, "splitting_ops is empty"),
+        ({"splitting_ops": ["cglab::short_conv"], "use_breakable_cg": True}, "applies to piecewise_flavor='compiled'"),
+        ({"backend": "tvm"}, "unknown compile backend 'tvm'"),
+    ],
+)
 def test_bad_compile_options_get_a_config_error(kwargs, needle):
     config = ToyConfig(layers=("sconv", "attn"))
     with pytest.raises(ConfigError) as err:
@@ -155,11 +159,14 @@ def test_bad_compile_options_get_a_config_error(kwargs, needle):
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["--piecewise-flavor", "fused"], "invalid choice: 'fused'"),
-    (["--splitting-ops", "cglab::nope"], "unknown splitting op(s) 'cglab::nope'"),
-    (["--layers", "attn", "--splitting-ops", "cglab::short_conv"], "are not in this model"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--piecewise-flavor", "fused"], "invalid choice: 'fused'"),
+        (["--splitting-ops", "cglab::nope"], "unknown splitting op(s) 'cglab::nope'"),
+        (["--layers", "attn", "--splitting-ops", "cglab::short_conv"], "are not in this model"),
+    ],
+)
 def test_bad_compile_options_get_one_line_from_the_cli(capsys, argv, needle):
     try:
         code = main(["repro", *argv])
@@ -197,8 +204,11 @@ def test_the_token_dimension_is_traced_symbolic(device):
     runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     compiled = runner.compiled_backend
     # The forward's own inputs (token ids, positions); the others are the model's weights and caches.
-    inputs = [node.meta["example_value"] for node in compiled.split_gm.graph.nodes
-              if node.op == "placeholder" and not node.name.startswith("l_self_")]
+    inputs = [
+        node.meta["example_value"]
+        for node in compiled.split_gm.graph.nodes
+        if node.op == "placeholder" and not node.name.startswith("l_self_")
+    ]
     tokens = [value.shape[0] for value in inputs if isinstance(value, torch.Tensor)]
     assert len(tokens) == 2 and all(isinstance(n, torch.SymInt) for n in tokens), tokens
     assert str(tokens[0]) == str(tokens[1])  # one symbol for both
@@ -217,8 +227,11 @@ def test_the_wrappers_own_address_check_names_a_replaced_argument():
             out = wrapper(x)
         x.fill_(3)  # written in place: the graph reads it
         assert wrapper(x) is out and out.tolist() == [6.0] * 4
-        with pytest.raises(AddressChangedError, match=r"submod_0, PIECEWISE\(tokens=4, reqs=any\): tensor "
-                                                      r"argument\(s\) \[0\] live elsewhere than at capture"):
+        with pytest.raises(
+            AddressChangedError,
+            match=r"submod_0, PIECEWISE\(tokens=4, reqs=any\): tensor "
+            r"argument\(s\) \[0\] live elsewhere than at capture",
+        ):
             wrapper(x.clone())
         assert wrapper.entries[desc].replays == 1  # the refused call replayed nothing
         unchecked = CUDAGraphWrapper(lambda x: x * 2, backend, "submod_1")
@@ -229,8 +242,9 @@ def test_the_wrappers_own_address_check_names_a_replaced_argument():
 
 @pytest.mark.parametrize("strict", [False, True], ids=["guarded", "strict"])
 @pytest.mark.parametrize("mode", ["full", "piecewise"])
-def test_the_model_is_traced_at_the_largest_size_whatever_the_capture_sizes(device: str, mode: str,
-                                                                            strict: bool) -> None:
+def test_the_model_is_traced_at_the_largest_size_whatever_the_capture_sizes(
+    device: str, mode: str, strict: bool
+) -> None:
     """Dynamo traces once, in the profiling run, at ``max_num_tokens``, also for strict layers (no
     profiling branch) and a single capture size of 1. On CUDA, inductor lowers the pieces for that
     trace's sizes: a model traced at 1 token failed to lower (CantSplit) under FULL."""

@@ -43,8 +43,9 @@ def test_save_refuses_to_overwrite_without_force(tmp_path: Path, result: BenchRe
     assert recorded.read_text() == "recorded on the H200"
 
 
-def test_writes_go_to_a_temporary_file_then_are_renamed(tmp_path: Path, result: BenchResult,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_writes_go_to_a_temporary_file_then_are_renamed(
+    tmp_path: Path, result: BenchResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text("old")
     renames = []
@@ -68,8 +69,12 @@ def test_writes_go_to_a_temporary_file_then_are_renamed(tmp_path: Path, result: 
 def test_cli_refuses_to_overwrite_in_one_line(tmp_path: Path) -> None:
     recorded = tmp_path / "h200.csv"
     recorded.write_text("recorded on the H200")
-    proc = subprocess.run([sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "h200")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "h200")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "--force" in proc.stderr
     assert recorded.read_text() == "recorded on the H200" and not (tmp_path / "h200.json").exists()
@@ -117,7 +122,8 @@ def _one_line_error(err: str) -> str:
 
 
 def test_measurements_are_kept_beside_the_target_when_the_final_save_fails(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, temp_folder: Path) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, temp_folder: Path
+) -> None:
     """A real (tiny) bench over a recorded pair, with --force: the disk fills up at the save. The old
     pair stays, the new measurements go beside it under a new name, and one line says where."""
     for suffix in (".csv", ".json"):
@@ -129,17 +135,21 @@ def test_measurements_are_kept_beside_the_target_when_the_final_save_fails(
     assert "No space left on device" in err and f"kept in {kept}.csv and {kept.name}.json" in err
     assert "rename them to run.csv and run.json" in err
     assert [(r["mode"], r["batch_size"]) for r in load_results(kept).rows] == [("none", 1)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-unsaved-20250101-120000.csv",
-                                                          "run-unsaved-20250101-120000.json", "run.csv", "run.json",
-                                                          "tmp"]  # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run-unsaved-20250101-120000.csv",
+        "run-unsaved-20250101-120000.json",
+        "run.csv",
+        "run.json",
+        "tmp",
+    ]  # no temporary file left
     assert (tmp_path / "run.csv").read_text() == "recorded on the H200 .csv"
     assert (tmp_path / "run.json").read_text() == "recorded on the H200 .json"
 
 
 @pytest.mark.parametrize("command", ["bench", "startup"])
-def test_kept_measurements_never_overwrite_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch, temp_folder: Path,
-                                                  command: str) -> None:
+def test_kept_measurements_never_overwrite_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, temp_folder: Path, command: str
+) -> None:
     """The fallback beside the target fails too (its name is taken, then the disk is full there): the
     measurements go to the temporary folder, and the file that held the name is untouched."""
     rows = _canned(monkeypatch, command)
@@ -156,9 +166,9 @@ def test_kept_measurements_never_overwrite_a_file(tmp_path: Path, capsys: pytest
     assert sorted(p.name for p in tmp_path.iterdir()) == [taken.name, "tmp"]
 
 
-def test_a_result_that_appeared_during_the_run_is_not_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                  monkeypatch: pytest.MonkeyPatch,
-                                                                  temp_folder: Path) -> None:
+def test_a_result_that_appeared_during_the_run_is_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, temp_folder: Path
+) -> None:
     """Another run wrote OUT meanwhile: without --force, the save refuses it, and keeps this run's beside it."""
     rows = _canned(monkeypatch, "bench")
     other = tmp_path / "run.csv"
@@ -176,9 +186,14 @@ def test_a_result_that_appeared_during_the_run_is_not_overwritten(tmp_path: Path
 
 
 @pytest.mark.parametrize("command", ["bench", "startup"])
-def test_measurements_are_printed_when_nothing_can_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                             temp_folder: Path, json_replace_fails: None,
-                                                             monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+def test_measurements_are_printed_when_nothing_can_be_written(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    temp_folder: Path,
+    json_replace_fails: None,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
     rows = _canned(monkeypatch, command)
     assert main([command, "--quick", "--out", str(tmp_path / "run")]) == 1
     out, err = capsys.readouterr()
@@ -188,8 +203,9 @@ def test_measurements_are_printed_when_nothing_can_be_written(tmp_path: Path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"] and list(temp_folder.iterdir()) == []
 
 
-def test_a_file_system_error_during_the_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_system_error_during_the_run_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device", "/tmp/torchinductor")
 
@@ -219,15 +235,25 @@ runpy._run_module_as_main("cglab")
 
 
 def test_ctrl_c_while_importing_torch_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, "bench", "--quick", "--out", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=60, **CTRL_C_ACTIVE)
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IMPORT, "bench", "--quick", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **CTRL_C_ACTIVE,
+    )
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "python -m cglab: interrupted\n", "")
 
 
 def test_a_real_early_ctrl_c_is_one_line(tmp_path: Path) -> None:
     """SIGINT half a second in: Python is long started and still importing (seconds); nothing is written."""
-    proc = subprocess.Popen([sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C_ACTIVE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **CTRL_C_ACTIVE,
+    )
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -262,8 +288,13 @@ runpy._run_module_as_main("cglab")
 def test_ctrl_c_during_the_save_of_python_m_cglab_keeps_the_old_pair(tmp_path: Path) -> None:
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_SAVE, "bench", "--quick", "--force", "--out",
-                           str(tmp_path / "run")], capture_output=True, text=True, timeout=120, **CTRL_C_ACTIVE)
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_SAVE, "bench", "--quick", "--force", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **CTRL_C_ACTIVE,
+    )
     assert (proc.returncode, proc.stderr) == (130, "python -m cglab bench: interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]
     assert [(tmp_path / name).read_text() for name in ("run.csv", "run.json")] == ["recorded .csv", "recorded .json"]
@@ -276,8 +307,12 @@ def test_sigterm_or_sighup_during_the_save_waits_for_it_to_end(tmp_path: Path, s
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
     script = INTERRUPTED_SAVE.replace("signal.SIGINT", f"signal.{signal.Signals(signum).name}")
-    proc = subprocess.run([sys.executable, "-c", script, "bench", "--quick", "--force", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "bench", "--quick", "--force", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (proc.returncode, proc.stderr) == (-signum, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]  # no hidden leftovers
     assert load_results(tmp_path / "run").rows[0]["median_us"] == 2.5  # the new pair, both halves
@@ -301,15 +336,21 @@ runpy.run_path(sys.argv[1], run_name="__main__")
 
 def test_ctrl_c_in_the_teardown_ends_at_once_and_keeps_the_output() -> None:
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout to a pipe, as usual
-    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_TEARDOWN, str(PACKAGE / "__main__.py")],
-                          capture_output=True, text=True, timeout=30, env=buffered)
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_TEARDOWN, str(PACKAGE / "__main__.py")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=buffered,
+    )
     assert (proc.returncode, proc.stderr) == (-signal.SIGINT, "")  # the shell reports 130
     assert proc.stdout == "wrote run.csv and run.json\n"  # flushed before the signal could end it
 
 
 @pytest.mark.parametrize("where", ["parser", "measuring", "saving"])
-def test_ctrl_c_in_main_is_one_line_and_loses_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+def test_ctrl_c_in_main_is_one_line_and_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
 
@@ -323,8 +364,9 @@ def test_ctrl_c_in_main_is_one_line_and_loses_nothing(tmp_path: Path, capsys: py
     else:  # between the two renames of the pair: the first is undone
         _canned(monkeypatch, "bench")
         real_replace = results.os.replace
-        monkeypatch.setattr(results.os, "replace",
-                            lambda src, dst: ctrl_c() if str(dst).endswith(".json") else real_replace(src, dst))
+        monkeypatch.setattr(
+            results.os, "replace", lambda src, dst: ctrl_c() if str(dst).endswith(".json") else real_replace(src, dst)
+        )
     try:
         status = main(["bench", "--quick", "--force", "--out", str(tmp_path / "run")])
     except KeyboardInterrupt:  # let through, it would stop the whole test session

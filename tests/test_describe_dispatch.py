@@ -19,12 +19,14 @@ def test_one_column_per_policy_in_order():
 
 
 def test_rows_follow_the_dispatch_rules():
-    shapes = [BatchShape("3 decodes", (1, 1, 1)),
-              BatchShape("5 decodes", (1,) * 5),
-              BatchShape("chunk", (4, 1, 1), (True,)),
-              BatchShape("1-token chunk", (1, 1), (True,)),
-              BatchShape("1-token chunk, by shape", (1, 1), (True,), by_shape=True),
-              BatchShape("too large", (8, 1), (True,))]
+    shapes = [
+        BatchShape("3 decodes", (1, 1, 1)),
+        BatchShape("5 decodes", (1,) * 5),
+        BatchShape("chunk", (4, 1, 1), (True,)),
+        BatchShape("1-token chunk", (1, 1), (True,)),
+        BatchShape("1-token chunk, by shape", (1, 1), (True,), by_shape=True),
+        BatchShape("too large", (8, 1), (True,)),
+    ]
     table = describe_dispatch(SIZES, MAX_REQS, shapes)
     assert _row(table, "3 decodes")[1:] == ["1", "FULL 4/4", "FULL 4/4 u=1", "FULL 4/4 u=1", "PIECEWISE 4"]
     # FULL(8) would need 8 requests > max_num_reqs: the uniform-decode candidates stop at 4, PIECEWISE takes over
@@ -40,13 +42,20 @@ def test_rows_follow_the_dispatch_rules():
 def test_shapes_are_classified_as_the_runner_classifies_them():
     """A 1-token prompt chunk beside a decode: the table and a real runner agree, under both rules."""
     for by_shape in (False, True):
-        runner = ModelRunner(ToyConfig(layers="attn", max_num_reqs=MAX_REQS), CompilationConfig("full_and_piecewise", SIZES, uniform_decode_by_shape=by_shape))
+        runner = ModelRunner(
+            ToyConfig(layers="attn", max_num_reqs=MAX_REQS),
+            CompilationConfig("full_and_piecewise", SIZES, uniform_decode_by_shape=by_shape),
+        )
         runner.add_request("old")
         runner.step({"old": [1, 2, 3]}, eager=True)
         runner.add_request("new", num_prompt_tokens=3)
         real = dispatch_cell(runner.prepare_step({"old": [4], "new": [5]}).descriptor)
-        table = describe_dispatch(SIZES, MAX_REQS, [BatchShape("x", (1, 1), (False, True), by_shape=by_shape)],
-                                  policies=[runner.dispatcher.policy])
+        table = describe_dispatch(
+            SIZES,
+            MAX_REQS,
+            [BatchShape("x", (1, 1), (False, True), by_shape=by_shape)],
+            policies=[runner.dispatcher.policy],
+        )
         assert _row(table, "x")[2] == real
 
 
@@ -57,9 +66,12 @@ def test_spec_decode_sizes_of_both_model_runners():
 
     assert describe_spec_decode_sizes((1, 2, 4, 8), 2, 3).splitlines()[1:] == [
         "model runner v1: PIECEWISE 3, 6 | FULL 3, 6",
-        "model runner v2: PIECEWISE 1, 2, 4, 8 | FULL 3, 6"]
+        "model runner v2: PIECEWISE 1, 2, 4, 8 | FULL 3, 6",
+    ]
     assert describe_spec_decode_sizes((1, 2, 4, 8), 8, 8).splitlines()[1:] == [
-        "model runner v1: start-up error, no size left", "model runner v2: PIECEWISE 1, 2, 4, 8"]
+        "model runner v1: start-up error, no size left",
+        "model runner v2: PIECEWISE 1, 2, 4, 8",
+    ]
     assert describe_spec_decode_sizes((1, 2, 4, 8), 7, 8).splitlines()[1] == "model runner v1: PIECEWISE 8 | FULL 8"
     piecewise = describe_spec_decode_sizes((1, 2, 4, 8), 2, 8, CUDAGraphMode.PIECEWISE).splitlines()[1:]
     assert piecewise == ["model runner v1: PIECEWISE 1, 2, 4, 8", "model runner v2: PIECEWISE 1, 2, 4, 8"]

@@ -42,8 +42,11 @@ def test_same_seed_gives_identical_logits_and_caches() -> None:
 def test_different_seeds_give_different_weights_and_workloads() -> None:
     configs = [ToyConfig(seed=seed) for seed in (0, 1)]
     weights = [ModelRunner(c).model.state_dict() for c in configs]
-    assert all(not torch.equal(weights[0][name], weights[1][name]) for name in weights[0]
-               if weights[0][name].dtype.is_floating_point and weights[0][name].std() > 0)
+    assert all(
+        not torch.equal(weights[0][name], weights[1][name])
+        for name in weights[0]
+        if weights[0][name].dtype.is_floating_point and weights[0][name].std() > 0
+    )
     assert make_workload(configs[0], 4) != make_workload(configs[1], 4)
     results = [run_repro("piecewise", legacy_skip_attn=True, seed=seed, **SCENARIO) for seed in (0, 1)]
     assert results[0].step_diffs != results[1].step_diffs

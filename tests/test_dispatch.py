@@ -63,14 +63,17 @@ def test_none_policy_captures_nothing():
     assert CudagraphDispatcher(NONE, [1, 2], 2).capture_descriptors() == []
 
 
-@pytest.mark.parametrize(("sizes", "query_len", "max_num_reqs", "expected"), [
-    ((1, 2, 4, 8), 3, 8, [3, 6]),  # 1 and 2 both round to 3, kept once; 9 is above the largest size
-    ((1, 2, 4, 8, 16, 24), 3, 8, [3, 6, 9, 18, 24]),  # vLLM #53407's example
-    ((1, 2, 4, 8), 3, 1, [3]),  # 6 tokens would take 2 requests
-    ((1, 2, 4, 8), 17, 8, []),  # every size rounds above 8: no FULL decode graph, and no error
-    ((9, 18, 36), 17, 8, [17, 34]),
-    ((1, 2, 4, 8), 1, 4, [1, 2, 4]),  # plain decode: the sizes themselves, up to max_num_reqs
-])
+@pytest.mark.parametrize(
+    ("sizes", "query_len", "max_num_reqs", "expected"),
+    [
+        ((1, 2, 4, 8), 3, 8, [3, 6]),  # 1 and 2 both round to 3, kept once; 9 is above the largest size
+        ((1, 2, 4, 8, 16, 24), 3, 8, [3, 6, 9, 18, 24]),  # vLLM #53407's example
+        ((1, 2, 4, 8), 3, 1, [3]),  # 6 tokens would take 2 requests
+        ((1, 2, 4, 8), 17, 8, []),  # every size rounds above 8: no FULL decode graph, and no error
+        ((9, 18, 36), 17, 8, [17, 34]),
+        ((1, 2, 4, 8), 1, 4, [1, 2, 4]),  # plain decode: the sizes themselves, up to max_num_reqs
+    ],
+)
 def test_full_decode_sizes_round_up_to_the_query_length(sizes, query_len, max_num_reqs, expected):
     assert uniform_decode_sizes(sizes, query_len, max_num_reqs) == expected
 
@@ -112,7 +115,17 @@ def test_default_capture_sizes_ladder():
     assert default_capture_sizes(300)[-3:] == (256, 272, 288)
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("FULL", FULL), ("full", FULL), (" Piecewise ", PW), ("none", NONE),
-                                              ("Full_And_Piecewise", FAP), ("full_decode_only\n", FDO), (PW, PW)])
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("FULL", FULL),
+        ("full", FULL),
+        (" Piecewise ", PW),
+        ("none", NONE),
+        ("Full_And_Piecewise", FAP),
+        ("full_decode_only\n", FDO),
+        (PW, PW),
+    ],
+)
 def test_mode_parse(mode, expected):
     assert CUDAGraphMode.parse(mode) is expected

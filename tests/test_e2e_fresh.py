@@ -58,19 +58,25 @@ def _code(path: Path) -> list[str]:
 
 def _views(path: Path) -> int:
     notebook = nbformat.read(path, as_version=4)
-    return sum(WIDGET_VIEW in output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
-               for output in cell.outputs)
+    return sum(
+        WIDGET_VIEW in output.get("data", {})
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
 
 
-NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb")
-                   if ".ipynb_checkpoints" not in p.parts)
+NOTEBOOKS = sorted(
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+)
 WITH_WIDGETS = [p for p in NOTEBOOKS if _views(ROOT / p)]
 WITH_TABLES = [p for p in NOTEBOOKS if any(f in source for source in _code(ROOT / p) for f in FITTING)]
 
 # Without a kernel: the notebook factory told not to start one, as if the learner chose "No Kernel".
 _PREFER_KERNEL = "(kernel) => { window.jupyterapp.docRegistry.getWidgetFactory('Notebook')._preferKernel = kernel; }"
 # Every widget output as shown: a widget, a still, or something else (its text).
-_WIDGETS = """(path) => {
+_WIDGETS = (
+    """(path) => {
   const panel = PANEL;
   const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
   const found = [];
@@ -92,7 +98,10 @@ _WIDGETS = """(path) => {
     });
   });
   return {kernel: kernel ? kernel.status : 'none', found};
-}""".replace("PANEL", PANEL).replace("WIDGET_VIEW", WIDGET_VIEW).replace("STILL_LINE", STILL_LINE)
+}""".replace("PANEL", PANEL)
+    .replace("WIDGET_VIEW", WIDGET_VIEW)
+    .replace("STILL_LINE", STILL_LINE)
+)
 # The output area's width, and every line of a FITTING cell's output wider than the area: each line
 # of printed source, and each table row (a line with " | " or "-+-"), measured as rendered unwrapped.
 _LAYOUT = """([path, fitting]) => {
@@ -210,18 +219,25 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     finally:
         seen_leftovers = server.stop()
     seen["leftovers"] = seen_leftovers
-    report = [f"{path}: output area {v['areaPx']} px ({v['chars']} characters of 13 px monospace), file browser "
-              f"{v['leftPanelPx']} px, window {WIDTH}x{HEIGHT}; wrapped table lines: {v['wrapped'] or 'none'}"
-              for path, v in seen["layout"].items()]
-    report += [f"{key}: kernel {v['kernel']}; " + "; ".join(f"cell {w['cell']}: {w['shows']}" for w in v["found"])
-               for key, v in seen["widgets"].items()]
+    report = [
+        f"{path}: output area {v['areaPx']} px ({v['chars']} characters of 13 px monospace), file browser "
+        f"{v['leftPanelPx']} px, window {WIDTH}x{HEIGHT}; wrapped table lines: {v['wrapped'] or 'none'}"
+        for path, v in seen["layout"].items()
+    ]
+    report += [
+        f"{key}: kernel {v['kernel']}; " + "; ".join(f"cell {w['cell']}: {w['shows']}" for w in v["found"])
+        for key, v in seen["widgets"].items()
+    ]
     (ARTIFACTS / "fresh.txt").write_text("\n".join(report) + "\n")
     return seen
 
 
 def test_explorers_show_a_widget_or_their_still_never_text(fresh: dict[str, Any]) -> None:
-    assert {"notebooks/02_toy_engine.ipynb", "notebooks/04_missing_metadata_bug.ipynb",
-            "notebooks/05_replay_latency.ipynb"} <= set(WITH_WIDGETS)
+    assert {
+        "notebooks/02_toy_engine.ipynb",
+        "notebooks/04_missing_metadata_bug.ipynb",
+        "notebooks/05_replay_latency.ipynb",
+    } <= set(WITH_WIDGETS)
     assert len(fresh["widgets"]) == 2 * len(WITH_WIDGETS) + 1
     problems = []
     for key, state in fresh["widgets"].items():
@@ -230,7 +246,9 @@ def test_explorers_show_a_widget_or_their_still_never_text(fresh: dict[str, Any]
             problems.append(f"{key}: {len(state['found'])} widget outputs shown, {_views(ROOT / path)} saved")
         if (state["kernel"] == "none") != key.endswith("(no kernel)"):
             problems.append(f"{key}: the kernel is {state['kernel']}")
-        problems += [f"{key} cell {w['cell']} shows as text: {w['text']}" for w in state["found"] if w["shows"] == "text"]
+        problems += [
+            f"{key} cell {w['cell']} shows as text: {w['text']}" for w in state["found"] if w["shows"] == "text"
+        ]
     assert not problems, "\n".join(problems)
 
 
@@ -241,8 +259,9 @@ def test_the_signed_notebook_from_an_earlier_session_shows_the_still(fresh: dict
 def test_tables_and_printed_code_fit_beside_the_file_browser(fresh: dict[str, Any]) -> None:
     assert set(fresh["layout"]) == set(WITH_TABLES) and WITH_TABLES
     wrapped = {path: v["wrapped"] for path, v in fresh["layout"].items() if v["wrapped"]}
-    assert not wrapped, f"lines wider than the output area ({next(iter(fresh['layout'].values()))['chars']} " \
-                        f"characters): {wrapped}"
+    assert not wrapped, (
+        f"lines wider than the output area ({next(iter(fresh['layout'].values()))['chars']} characters): {wrapped}"
+    )
 
 
 def test_server_and_kernels_stopped(fresh: dict[str, Any]) -> None:

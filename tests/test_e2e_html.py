@@ -57,8 +57,12 @@ def _build_html() -> Any:
 
 def _saved_widgets(path: Path) -> int:
     notebook = nbformat.read(path, as_version=4)
-    return sum(WIDGET_VIEW in output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
-               for output in cell.outputs)
+    return sum(
+        WIDGET_VIEW in output.get("data", {})
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
 
 
 async def _read_offline(out: Path, pages: list[Path], expected: list[int]) -> list[list[str]]:
@@ -92,11 +96,18 @@ async def _read_offline(out: Path, pages: list[Path], expected: list[int]) -> li
             state = await page.evaluate(_STATE)
             problems = [*errors, *(f"requested {url}" for url in refused)]
             if state["views"] != widgets or state["rendered"] != widgets:
-                problems.append(f"{state['rendered']} of {state['views']} widget views rendered, "
-                                f"the notebook saved {widgets}")
-            problems += [f"{state[key]} {label}" for key, label in (
-                ("withoutPlot", "explorer(s) without their plot"), ("brokenImages", "image(s) that did not load"),
-                ("widgetErrors", "'Error displaying widget' message(s)")) if state[key]]
+                problems.append(
+                    f"{state['rendered']} of {state['views']} widget views rendered, the notebook saved {widgets}"
+                )
+            problems += [
+                f"{state[key]} {label}"
+                for key, label in (
+                    ("withoutPlot", "explorer(s) without their plot"),
+                    ("brokenImages", "image(s) that did not load"),
+                    ("widgetErrors", "'Error displaying widget' message(s)"),
+                )
+                if state[key]
+            ]
             first_widget = page.locator(".widget-subarea").first
             if await first_widget.count():
                 await first_widget.scroll_into_view_if_needed()
@@ -118,7 +129,8 @@ def test_html_pages_show_plots_and_widgets_offline(tmp_path: Path) -> None:
     for old in ARTIFACTS.glob("*.jpg"):
         old.unlink()
     found = asyncio.run(_read_offline(out, pages, expected))
-    problems = [f"{page.relative_to(out)}: {problem}" for page, page_problems in zip(pages, found)
-                for problem in page_problems]
+    problems = [
+        f"{page.relative_to(out)}: {problem}" for page, page_problems in zip(pages, found) for problem in page_problems
+    ]
     assert not problems, "\n".join(problems)
     assert (out / "index.html").read_text().count('href="') == len(NOTEBOOKS)

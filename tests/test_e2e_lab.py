@@ -54,8 +54,11 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 # Not the Chinese edition (notebooks/zh/): its code cells are these notebooks', and tests/test_e2e_zh.py opens it.
-NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb")
-                   if ".ipynb_checkpoints" not in p.parts and "zh" not in p.parts)
+NOTEBOOKS = sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in (ROOT / "notebooks").rglob("*.ipynb")
+    if ".ipynb_checkpoints" not in p.parts and "zh" not in p.parts
+)
 ARTIFACTS = ROOT / "build" / "e2e"
 # Notebooks running at once, one per tab (each with its kernel). One per core left a core idle a third
 # of the time (measured on 2 cores: 238 s of CPU in 185 s), while tabs wait for redraws to settle; one
@@ -73,17 +76,21 @@ ERROR_CELLS = [
     "1 / 0",
     "print('after')",
 ]
-WIDGET_CELLS = ["%matplotlib inline\nfrom cglab.lab.widgets import interactive_decode_explorer",
-                "interactive_decode_explorer()",
-                "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)",  # a widget, not an explorer
-                # An explorer with a control it always disables: the test must look at it and never move it
-                # (Playwright would wait for it to be enabled until its timeout).
-                ("from matplotlib.figure import Figure\nfrom cglab.lab.interactive import interactive\n\n"
-                 "def picture(step, frozen):\n    figure = Figure(figsize=(3, 1))\n"
-                 "    figure.add_subplot().set_title(f'step {step}, frozen {frozen}')\n    return figure\n\n"
-                 "interactive(picture, {'step': ipywidgets.IntSlider(value=2, max=6, description='step'),\n"
-                 "                      'frozen': ipywidgets.Checkbox(description='frozen')},\n"
-                 "            state=lambda values: (('frozen',), 'frozen changes nothing here'))")]
+WIDGET_CELLS = [
+    "%matplotlib inline\nfrom cglab.lab.widgets import interactive_decode_explorer",
+    "interactive_decode_explorer()",
+    "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)",  # a widget, not an explorer
+    # An explorer with a control it always disables: the test must look at it and never move it
+    # (Playwright would wait for it to be enabled until its timeout).
+    (
+        "from matplotlib.figure import Figure\nfrom cglab.lab.interactive import interactive\n\n"
+        "def picture(step, frozen):\n    figure = Figure(figsize=(3, 1))\n"
+        "    figure.add_subplot().set_title(f'step {step}, frozen {frozen}')\n    return figure\n\n"
+        "interactive(picture, {'step': ipywidgets.IntSlider(value=2, max=6, description='step'),\n"
+        "                      'frozen': ipywidgets.Checkbox(description='frozen')},\n"
+        "            state=lambda values: (('frozen',), 'frozen changes nothing here'))"
+    ),
+]
 
 
 def _write_notebook(path: Path, sources: list[str], raising: tuple[int, ...] = ()) -> None:
@@ -143,8 +150,13 @@ async def _run_all(queues: dict[LabServer, list[Job]], tabs: dict[LabServer, int
                 await tab.close()
 
         try:
-            await asyncio.gather(*(tab_worker(server, queue, f"e2e-{n}-{k}")
-                                   for n, (server, queue) in enumerate(queues.items()) for k in range(tabs[server])))
+            await asyncio.gather(
+                *(
+                    tab_worker(server, queue, f"e2e-{n}-{k}")
+                    for n, (server, queue) in enumerate(queues.items())
+                    for k in range(tabs[server])
+                )
+            )
         finally:
             await browser.close()
     return results
@@ -185,8 +197,12 @@ def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     for old in ARTIFACTS.glob("*.jpg"):
         old.unlink()
     lab = LabServer(root, tmp_path_factory.mktemp("lab"), log=ARTIFACTS / "jupyterlab.log")
-    without_widgets = LabServer(root, tmp_path_factory.mktemp("lab-no-widgets"),
-                                disabled_extensions=[WIDGET_MANAGER], log=ARTIFACTS / "jupyterlab-no-widgets.log")
+    without_widgets = LabServer(
+        root,
+        tmp_path_factory.mktemp("lab-no-widgets"),
+        disabled_extensions=[WIDGET_MANAGER],
+        log=ARTIFACTS / "jupyterlab-no-widgets.log",
+    )
     runs: dict[str, Any] = {}
     try:
         for server in (lab, without_widgets):
@@ -201,22 +217,29 @@ def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         runs |= asyncio.run(_run_all(queues, {lab: PARALLEL_TABS, without_widgets: 1}))
     finally:
         runs["leftover processes"] = lab.stop() + without_widgets.stop()
-    excused = excuse_kernel_list_races((run for key, run in runs.items() if isinstance(run, NotebookRun)
-                                        and key != SELFTEST_WITHOUT_WIDGETS), lab)
+    excused = excuse_kernel_list_races(
+        (run for key, run in runs.items() if isinstance(run, NotebookRun) and key != SELFTEST_WITHOUT_WIDGETS), lab
+    )
     excused += excuse_kernel_list_races([runs[SELFTEST_WITHOUT_WIDGETS]], without_widgets)
     with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
-        print(f"\nJupyterLab e2e: {time.perf_counter() - start:.0f} s, {_cpu_seconds() - cpu_start:.0f} s of CPU "
-              f"(servers, kernels, browser), {PARALLEL_TABS} tabs at a time")
+        print(
+            f"\nJupyterLab e2e: {time.perf_counter() - start:.0f} s, {_cpu_seconds() - cpu_start:.0f} s of CPU "
+            f"(servers, kernels, browser), {PARALLEL_TABS} tabs at a time"
+        )
         report = []
         for path, run in runs.items():
             if isinstance(run, NotebookRun):
-                report.append(f"{path}: {run.seconds:.1f} s, {run.cells} code cells, {run.widgets} widgets "
-                              f"({run.explorers} explorers, {run.control_moves} control moves), "
-                              f"{len(run.problems)} problems")
+                report.append(
+                    f"{path}: {run.seconds:.1f} s, {run.cells} code cells, {run.widgets} widgets "
+                    f"({run.explorers} explorers, {run.control_moves} control moves), "
+                    f"{len(run.problems)} problems"
+                )
                 report += [f"    {problem}" for problem in run.problems]
         if excused:
-            report.append(f"excused {excused} failed page load(s): jupyter_server's kernel-list race, "
-                          "named in its log (lab_server.KERNEL_LIST_RACE)")
+            report.append(
+                f"excused {excused} failed page load(s): jupyter_server's kernel-list race, "
+                "named in its log (lab_server.KERNEL_LIST_RACE)"
+            )
         print("\n".join(f"  {line}" for line in report if not line.startswith("    ")))
         (ARTIFACTS / "report.txt").write_text("\n".join(report) + "\n")
     return runs
@@ -238,11 +261,18 @@ def _saved_widgets(path: Path) -> tuple[int, int]:
 
     def holds_output(model_id: str) -> bool:
         model = models.get(model_id)
-        return model is not None and (model["model_name"] == "OutputModel" or any(
-            holds_output(child.removeprefix("IPY_MODEL_")) for child in model["state"].get("children", [])))
+        return model is not None and (
+            model["model_name"] == "OutputModel"
+            or any(holds_output(child.removeprefix("IPY_MODEL_")) for child in model["state"].get("children", []))
+        )
 
-    views = [output["data"][WIDGET_VIEW]["model_id"] for cell in notebook.cells if cell.cell_type == "code"
-             for output in cell.outputs if WIDGET_VIEW in output.get("data", {})]
+    views = [
+        output["data"][WIDGET_VIEW]["model_id"]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if WIDGET_VIEW in output.get("data", {})
+    ]
     return len(views), sum(map(holds_output, views))
 
 
@@ -252,8 +282,9 @@ def test_the_explorers_were_explored(lab_runs: dict[str, Any]) -> None:
     for path in (p for p in NOTEBOOKS if p in lab_runs):  # all of them, unless -k picked some
         widgets, explorers = _saved_widgets(ROOT / path)
         run = lab_runs[path]
-        assert (run.widgets, run.explorers) == (widgets, explorers), \
+        assert (run.widgets, run.explorers) == (widgets, explorers), (
             f"{path}: {run.widgets} widgets and {run.explorers} explorers in the browser, saved: {widgets}, {explorers}"
+        )
         assert (run.control_moves > 0) == (explorers > 0), f"{path}: {run.control_moves} control moves"
     assert sum(_saved_widgets(ROOT / path)[1] for path in NOTEBOOKS) > 0, "no explorer anywhere: nothing was driven"
 
@@ -262,7 +293,9 @@ def test_an_error_cell_fails_the_run(lab_runs: dict[str, Any]) -> None:
     """Self-test: an untagged cell that raises is reported, and so is the cell Run All never reached;
     the tagged one is not."""
     assert lab_runs["selftest/error_cell.ipynb"].problems == [
-        "cell 2 (1 / 0) raised ZeroDivisionError: division by zero", "cell 3 never ran (Run All stopped before it)"]
+        "cell 2 (1 / 0) raised ZeroDivisionError: division by zero",
+        "cell 3 never ran (Run All stopped before it)",
+    ]
 
 
 def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, Any]) -> None:
@@ -272,8 +305,9 @@ def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, An
     assert (run.problems, run.widgets, run.explorers) == ([], 3, 2) and run.control_moves > 0
     problems = lab_runs[SELFTEST_WITHOUT_WIDGETS].problems
     assert problems and all(" shows a widget as text: " in p or "console error" in p for p in problems), problems
-    assert any(p.startswith(f"cell 1 (interactive_decode_explorer()) shows a widget as text: {STILL_LINE}")
-               for p in problems), problems
+    assert any(
+        p.startswith(f"cell 1 (interactive_decode_explorer()) shows a widget as text: {STILL_LINE}") for p in problems
+    ), problems
 
 
 def test_server_and_kernels_stopped(lab_runs: dict[str, Any]) -> None:

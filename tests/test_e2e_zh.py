@@ -82,7 +82,9 @@ async def _open_fresh(tab: LabTab, path: str, phrase: str, screenshot: Path) -> 
     the server's stop shuts every kernel down."""
     run = NotebookRun(path)
     tab.page.on("pageerror", lambda error: run.problems.append(f"page error: {error}"))
-    tab.page.on("console", lambda m: run.problems.append(f"console error: {m.text[:300]}") if m.type == "error" else None)
+    tab.page.on(
+        "console", lambda m: run.problems.append(f"console error: {m.text[:300]}") if m.type == "error" else None
+    )
     await tab.page.evaluate(OPEN_NOTEBOOK, path)
     await tab.page.wait_for_function(f"(path) => ({_RENDERED})(path)", arg=path, timeout=60_000)
     run.problems += fresh_problems(await tab.page.evaluate(_SHOWN, path), phrase)
@@ -103,7 +105,9 @@ async def _check(server: LabServer) -> dict[str, NotebookRun]:
                 tab = await LabTab.open(context, server, f"zh-{Path(path).stem}")
                 try:
                     name = Path(path).stem
-                    found[f"{path} as committed"] = await _open_fresh(tab, path, phrase, ARTIFACTS / f"{name}-fresh.jpg")
+                    found[f"{path} as committed"] = await _open_fresh(
+                        tab, path, phrase, ARTIFACTS / f"{name}-fresh.jpg"
+                    )
                     if name.startswith("00b"):
                         found[f"{path} after Run All"] = await tab.run(path, ARTIFACTS / f"{name}-run.jpg")
                 finally:
@@ -133,7 +137,9 @@ def zh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, NotebookRun]:
     return found
 
 
-@pytest.mark.parametrize("key", [f"{p} as committed" for p in NOTEBOOKS] + ["notebooks/zh/00b_express.ipynb after Run All"])
+@pytest.mark.parametrize(
+    "key", [f"{p} as committed" for p in NOTEBOOKS] + ["notebooks/zh/00b_express.ipynb after Run All"]
+)
 def test_the_chinese_notebooks_render_in_jupyterlab(zh_runs: dict[str, NotebookRun], key: str) -> None:
     problems = zh_runs[key].problems
     assert not problems, f"{key}:\n  " + "\n  ".join(problems)
@@ -143,7 +149,11 @@ def test_fresh_problems_names_english_prose_and_an_error_output() -> None:
     shown = {"prose": "中" * 300, "headings": ["00b · 快速路径"], "outputs": 3, "errors": [], "brokenImages": 0}
     assert fresh_problems(shown, "快速路径") == []
     english = {**shown, "prose": "The express path", "headings": ["00b · The express path"]}
-    assert fresh_problems(english, "快速路径") == ["no heading shows '快速路径': ['00b · The express path']",
-                                                "its prose shows 0 Chinese characters"]
+    assert fresh_problems(english, "快速路径") == [
+        "no heading shows '快速路径': ['00b · The express path']",
+        "its prose shows 0 Chinese characters",
+    ]
     assert fresh_problems({**shown, "errors": ["ZeroDivisionError"], "outputs": 0}, "快速路径") == [
-        "shows none of its saved outputs", "shows an error output (ZeroDivisionError) in a cell not tagged raises-exception"]
+        "shows none of its saved outputs",
+        "shows an error output (ZeroDivisionError) in a cell not tagged raises-exception",
+    ]

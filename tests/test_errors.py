@@ -52,8 +52,11 @@ CONFIG_CASES = {
     "strict_layers not a bool": (dict(strict_layers="yes"), "True or False"),
     "unknown dtype": (dict(dtype="fp8"), "float32"),
     "too many layers": (dict(layers=",".join(["sconv", "attn"] * 33)), "66 layers, above the limit of 64"),
-    "huge cache": (dict(num_blocks=10**12), "above the limit of 16 GiB for one engine (a limit cglab sets against "
-                                            "typos, not a hardware limit); lower num_blocks"),
+    "huge cache": (
+        dict(num_blocks=10**12),
+        "above the limit of 16 GiB for one engine (a limit cglab sets against "
+        "typos, not a hardware limit); lower num_blocks",
+    ),
     "huge logits": (dict(vocab_size=4 * 10**7), "step 19.1 GiB), above the limit"),
     "huge step": (dict(max_num_batched_tokens=10**8), "lower the tokens of a step (max_num_batched_tokens"),
 }
@@ -69,13 +72,19 @@ def test_bad_config_names_the_fix(case: str) -> None:
 # runner that captures is built.
 CAPTURE_SIZE_CASES = {
     "duplicate capture sizes": (lambda: CompilationConfig("full", (1, 2, 2)), "drop the duplicates"),
-    "non-positive capture size": (lambda: CompilationConfig("full", (0, 1)),
-                                  "every capture size must be a positive integer"),
+    "non-positive capture size": (
+        lambda: CompilationConfig("full", (0, 1)),
+        "every capture size must be a positive integer",
+    ),
     "capture sizes not a list": (lambda: CompilationConfig("full", 8), "(1, 2, 4, 8)"),
-    "capture size above the token budget": (lambda: ModelRunner(ToyConfig(), CompilationConfig("full", (256,))),
-                                            "raise max_num_batched_tokens"),
+    "capture size above the token budget": (
+        lambda: ModelRunner(ToyConfig(), CompilationConfig("full", (256,))),
+        "raise max_num_batched_tokens",
+    ),
     "capture batch longer than a request": (
-        lambda: ModelRunner(ToyConfig(max_num_reqs=1), CompilationConfig("full", (64,))), "raise max_model_len"),
+        lambda: ModelRunner(ToyConfig(max_num_reqs=1), CompilationConfig("full", (64,))),
+        "raise max_model_len",
+    ),
 }
 
 
@@ -93,7 +102,8 @@ def test_an_eager_runner_never_checks_the_capture_sizes() -> None:
     eager.add_request("a")
     assert eager.step({"a": [1, 2, 3]}).descriptor.cg_mode is CUDAGraphMode.NONE
     assert _message(lambda: ModelRunner(small, "full")) == (
-        "capture size 8 exceeds max_num_batched_tokens (4); raise max_num_batched_tokens or drop that size")
+        "capture size 8 exceeds max_num_batched_tokens (4); raise max_num_batched_tokens or drop that size"
+    )
 
 
 @pytest.mark.parametrize("mode", ["fulll", None, 3])
@@ -126,8 +136,10 @@ RUNNER_CASES = {
     "flag not a bool": (lambda: ModelRunner(CONFIG, CompilationConfig("none", legacy_skip_attn="no")), "True or False"),
     "builder without build()": (lambda: ModelRunner(CONFIG, builders={"sconv": object()}), "builders['sconv']"),
     "builder for an unknown kind": (lambda: ModelRunner(CONFIG, builders={"conv": None}), "valid kinds"),
-    "progress not a function": (lambda: ModelRunner(CONFIG, CompilationConfig("full", SIZES), progress="x"),
-                                "progress must be a function, called with each descriptor once captured, or None"),
+    "progress not a function": (
+        lambda: ModelRunner(CONFIG, CompilationConfig("full", SIZES), progress="x"),
+        "progress must be a function, called with each descriptor once captured, or None",
+    ),
 }
 
 
@@ -140,7 +152,8 @@ def test_bad_runner_arguments(case: str) -> None:
 @NO_GPU
 def test_cuda_without_gpu_points_to_the_simulator() -> None:
     assert "use device 'cpu' (--device cpu) to run the CPU simulator" in _message(
-        lambda: ModelRunner(CONFIG, device="cuda"))
+        lambda: ModelRunner(CONFIG, device="cuda")
+    )
 
 
 STEP_CASES = {
@@ -211,22 +224,26 @@ def test_host_sync_during_capture_names_the_graph_and_the_fix(monkeypatch: pytes
         return forward(self, hidden)
 
     monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", syncing_forward)
-    fix = _message(lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, use_breakable_cg=True)),
-                   CaptureError)
+    fix = _message(
+        lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES, use_breakable_cg=True)), CaptureError
+    )
     assert fix.startswith("capturing the PIECEWISE(tokens=2, reqs=any) graph failed: host sync during graph capture")
     assert "use torch.where" in fix
     # Compiled, the same line cannot even be traced: dynamo refuses it in the profiling run, where it
     # traces the model, before any graph is captured.
     fix = _message(lambda: ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES)), CaptureError)
-    assert fix.startswith("the profiling run before capture (the model's first compiled call, where torch.compile "
-                          "traces it) failed: torch.compile could not trace")
+    assert fix.startswith(
+        "the profiling run before capture (the model's first compiled call, where torch.compile "
+        "traces it) failed: torch.compile could not trace"
+    )
     assert "piecewise_flavor='breakable'" in fix
 
 
 def test_missing_metadata_in_a_strict_layer_names_the_fix() -> None:
     config = ToyConfig(layers=("sconv", "attn"), strict_layers=True)
-    fix = _message(lambda: ModelRunner(config, CompilationConfig("piecewise", (2,), legacy_skip_attn=True)),
-                   MissingMetadataError)
+    fix = _message(
+        lambda: ModelRunner(config, CompilationConfig("piecewise", (2,), legacy_skip_attn=True)), MissingMetadataError
+    )
     assert "PIECEWISE(tokens=2, reqs=any)" in fix and "prepare_inputs_to_capture(..., full_cudagraph)" in fix
 
 
@@ -236,8 +253,9 @@ def test_replaying_a_shape_that_was_never_captured(runner: ModelRunner) -> None:
     assert "a shape the graph was not captured for" in fix and "CudagraphDispatcher.dispatch()" in fix
 
 
-@pytest.mark.parametrize(("mode", "flavor"), [("full", "compiled"), ("piecewise", "compiled"),
-                                             ("piecewise", "breakable")])
+@pytest.mark.parametrize(
+    ("mode", "flavor"), [("full", "compiled"), ("piecewise", "compiled"), ("piecewise", "breakable")]
+)
 def test_a_closed_runner_says_so_wherever_its_graphs_are_asked_for(mode: str, flavor: str) -> None:
     """A step, a picture of the graphs, the replay counts: each says the runner was closed, and how to go on."""
     from cglab.lab.anatomy import describe_pieces, describe_replays
@@ -247,8 +265,13 @@ def test_a_closed_runner_says_so_wherever_its_graphs_are_asked_for(mode: str, fl
     desc = next(iter(runner.graph_replays()))
     runner.close()
     closed = "the graphs were released by close(); build a new ModelRunner to capture them again"
-    calls = [lambda: runner.step({"a": [1]}), runner.graph_replays, lambda: runner.captured_graphs(desc),
-             lambda: describe_pieces(runner, desc), lambda: describe_replays(runner)]
+    calls = [
+        lambda: runner.step({"a": [1]}),
+        runner.graph_replays,
+        lambda: runner.captured_graphs(desc),
+        lambda: describe_pieces(runner, desc),
+        lambda: describe_replays(runner),
+    ]
     for call in calls:
         assert closed in _message(call, CaptureError)
     assert runner.step({"a": [1]}, eager=True).descriptor.cg_mode is CUDAGraphMode.NONE  # eager steps still run
@@ -271,8 +294,10 @@ REPRO_CASES = {
     "too many cache slots": (dict(batch_sizes=[256], steps=9000), "use fewer steps"),
     "unknown override": (dict(hiden_size=8), "run_repro accepts: block_size"),
     "derived override": (dict(num_blocks=8), "it sizes the rest"),
-    "max_num_reqs below the largest batch": (dict(max_num_reqs=2, batch_sizes=[3]),
-                                             "max_num_reqs must be an integer from the largest batch size (3)"),
+    "max_num_reqs below the largest batch": (
+        dict(max_num_reqs=2, batch_sizes=[3]),
+        "max_num_reqs must be an integer from the largest batch size (3)",
+    ),
     "max_num_reqs not an int": (dict(max_num_reqs=4.0), "max_num_reqs must be an integer"),
     "bad block size": (dict(block_size=0), "block_size must be a positive integer"),
     "unknown mode": (dict(mode="fulll"), "choose one of"),
@@ -306,8 +331,10 @@ CLI_CASES = {
     "batch sizes ending in a comma": (["repro", "--batch-sizes", "1,2,"], "'1,2,' has an empty item"),
     "empty capture size": (["repro", "--capture-sizes", "1,,2"], "argument --capture-sizes: '1,,2' has an empty"),
     "empty layer kind": (["repro", "--layers", "sconv,,ATTN"], "the layer pattern 'sconv,,ATTN' has an empty item"),
-    "empty splitting op": (["repro", "--layers", "sconv,attn", "--splitting-ops", "cglab::unified_attention,,"],
-                           "splitting_ops 'cglab::unified_attention,,' has an empty item"),
+    "empty splitting op": (
+        ["repro", "--layers", "sconv,attn", "--splitting-ops", "cglab::unified_attention,,"],
+        "splitting_ops 'cglab::unified_attention,,' has an empty item",
+    ),
     "empty bench mode": (["bench", "--out", "unused", "--modes", "none,,full"], "argument --modes: 'none,,full' has"),
 }
 if not torch.cuda.is_available():
@@ -323,9 +350,15 @@ IN_A_PROCESS = ("unknown mode", "capture size the scenario cannot batch")
 @pytest.fixture(scope="module")
 def cli_processes() -> dict[str, subprocess.CompletedProcess[str]]:
     """The IN_A_PROCESS cases at once, in parallel: each one pays for importing torch."""
-    procs = {case: subprocess.Popen([sys.executable, "-m", "cglab", *CLI_CASES[case][0]], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for case in IN_A_PROCESS}
+    procs = {
+        case: subprocess.Popen(
+            [sys.executable, "-m", "cglab", *CLI_CASES[case][0]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for case in IN_A_PROCESS
+    }
     results = {}
     for case, proc in procs.items():
         out, err = proc.communicate(timeout=120)

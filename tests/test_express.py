@@ -17,8 +17,10 @@ SHORT_CONV_OPS = ["index_put_", "index", "ge", "where", "mul", "sum", "mul", "ad
 @pytest.fixture(scope="module")
 def runners() -> dict[bool, ModelRunner]:
     """Compiled PIECEWISE on the simulator, one graph size, fixed (False) and legacy (True)."""
-    return {legacy: ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), legacy_skip_attn=legacy), device="cpu")
-            for legacy in (False, True)}
+    return {
+        legacy: ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), legacy_skip_attn=legacy), device="cpu")
+        for legacy in (False, True)
+    }
 
 
 def test_legacy_piece_lacks_exactly_the_short_conv_kernel(runners: dict[bool, ModelRunner]) -> None:
@@ -52,13 +54,20 @@ def test_runners_without_compiled_pieces_are_refused() -> None:
     with pytest.raises(ConfigError, match="compiled PIECEWISE"):
         recorded_ops(ModelRunner(ToyConfig(), CompilationConfig("full", (4,)), device="cpu"))
     with pytest.raises(ConfigError, match="compiled PIECEWISE"):
-        recorded_ops(ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), use_breakable_cg=True), device="cpu"))
+        recorded_ops(
+            ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), use_breakable_cg=True), device="cpu")
+        )
 
 
 def test_compare_recordings_aligns_in_order() -> None:
     rows = compare_recordings(["a", "b", "c", "d"], ["a", "d", "e"])
-    assert rows == [OpRow("a", True, True), OpRow("b", True, False), OpRow("c", True, False),
-                    OpRow("d", True, True), OpRow("e", False, True)]
+    assert rows == [
+        OpRow("a", True, True),
+        OpRow("b", True, False),
+        OpRow("c", True, False),
+        OpRow("d", True, True),
+        OpRow("e", False, True),
+    ]
 
 
 def test_describe_and_draw() -> None:

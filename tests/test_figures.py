@@ -65,7 +65,7 @@ def _texts(fig: Figure) -> list[Text]:
 def _overlapping_texts(fig: Figure) -> list[tuple[str, str]]:
     renderer = fig.canvas.get_renderer()
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _texts(fig)]
-    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:] if box_a.overlaps(box_b)]
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1 :] if box_a.overlaps(box_b)]
 
 
 def _points(fig: Figure) -> np.ndarray:
@@ -171,7 +171,8 @@ def test_modes_never_take_a_capture_paths_colour() -> None:
     latency = plot_latency(result)
     plt.close(latency.figure)
     assert {to_rgb(line.get_color()) for line in latency.get_lines() if line.get_marker() != "None"} == {
-        to_rgb(MODE_COLORS[m]) for m in result.modes}
+        to_rgb(MODE_COLORS[m]) for m in result.modes
+    }
 
 
 def test_the_caches_markers_clear_the_title_and_the_legend_names_them() -> None:

@@ -33,8 +33,10 @@ def test_each_thread_sees_its_own_forward_context():
             errors.append(e)
             barrier.abort()
 
-    threads = [threading.Thread(target=run, args=("a", CUDAGraphMode.FULL)),
-               threading.Thread(target=run, args=("b", CUDAGraphMode.PIECEWISE))]
+    threads = [
+        threading.Thread(target=run, args=("a", CUDAGraphMode.FULL)),
+        threading.Thread(target=run, args=("b", CUDAGraphMode.PIECEWISE)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

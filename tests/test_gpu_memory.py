@@ -13,8 +13,10 @@ import torch
 from cglab import ModelRunner, ToyConfig
 from cglab.compilation_config import CompilationConfig
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                   reason="needs a CUDA GPU (runs on the GPU machine)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the GPU machine)"),
+]
 
 CYCLES = 20
 ALLOCATED_SLACK = 1 << 20  # bytes held by live tensors: anything left per cycle would be far more after 20
@@ -50,9 +52,11 @@ def test_capturing_and_closing_twenty_times_returns_memory_to_baseline() -> None
     for _ in range(CYCLES):
         peak = max(peak, _capture_step_close(config))
     allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    print(f"\nGPU memory over {CYCLES} capture/close cycles (MiB): allocated {base_allocated / MIB:.2f} -> "
-          f"{allocated / MIB:.2f} (peak while captured {peak / MIB:.2f}), reserved after empty_cache "
-          f"{base_reserved / MIB:.2f} -> {reserved / MIB:.2f}")
+    print(
+        f"\nGPU memory over {CYCLES} capture/close cycles (MiB): allocated {base_allocated / MIB:.2f} -> "
+        f"{allocated / MIB:.2f} (peak while captured {peak / MIB:.2f}), reserved after empty_cache "
+        f"{base_reserved / MIB:.2f} -> {reserved / MIB:.2f}"
+    )
     assert peak > base_allocated  # the runners did hold memory: the comparison below means something
     assert allocated - base_allocated <= ALLOCATED_SLACK
     assert reserved - base_reserved <= RESERVED_SLACK

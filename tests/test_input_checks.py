@@ -52,8 +52,13 @@ def test_repro_batch_sizes_above_the_default_token_budget_run() -> None:
 
 
 def test_cli_refuses_an_unusable_capture_size_in_one_line_before_any_work() -> None:
-    proc = subprocess.run([sys.executable, "-m", "cglab", "repro", "--capture-sizes", "512"],
-                          check=False, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cglab", "repro", "--capture-sizes", "512"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
@@ -78,11 +83,14 @@ def test_zero_dim_tensor_is_not_a_token_list(runner: ModelRunner) -> None:
         runner.step({"a": torch.tensor(5)})
 
 
-@pytest.mark.parametrize("builders, fix", [
-    ({"sconv": object()}, r"builders\['sconv'\] must have a build"),
-    ({"conv": None}, "valid kinds"),
-    ([("sconv", None)], "builders must be a dict"),
-])
+@pytest.mark.parametrize(
+    "builders, fix",
+    [
+        ({"sconv": object()}, r"builders\['sconv'\] must have a build"),
+        ({"conv": None}, "valid kinds"),
+        ([("sconv", None)], "builders must be a dict"),
+    ],
+)
 def test_bad_builders_name_the_argument(builders: object, fix: str) -> None:
     with pytest.raises(ConfigError, match=fix):
         ModelRunner(ToyConfig(), "piecewise", builders=builders)  # type: ignore[arg-type]
@@ -109,9 +117,12 @@ def no_model_may_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_model_may_be_built")
-@pytest.mark.parametrize(("run", "name"), [(run_repro, n) for n in WRONG_ARGUMENTS if n != "frozen_step_index"]
-                         + [(run_spec_repro, n) for n in WRONG_ARGUMENTS],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize(
+    ("run", "name"),
+    [(run_repro, n) for n in WRONG_ARGUMENTS if n != "frozen_step_index"]
+    + [(run_spec_repro, n) for n in WRONG_ARGUMENTS],
+    ids=lambda v: getattr(v, "__name__", v),
+)
 def test_a_wrong_argument_raises_before_any_runner_is_built(run, name: str) -> None:  # type: ignore[no-untyped-def]
     value, message = WRONG_ARGUMENTS[name]
     with pytest.raises(ConfigError, match=message):
@@ -119,19 +130,24 @@ def test_a_wrong_argument_raises_before_any_runner_is_built(run, name: str) -> N
 
 
 def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
-    result = run_spec_repro("piecewise", layers="sconv,attn", steps=2, batch_sizes=(1,), legacy_skip_attn=True,
-                            strict_layers=True)
+    result = run_spec_repro(
+        "piecewise", layers="sconv,attn", steps=2, batch_sizes=(1,), legacy_skip_attn=True, strict_layers=True
+    )
     assert result.error.startswith("MissingMetadataError: capturing the PIECEWISE")
     assert result.backend == "sim" and result.cudagraph_mode == "piecewise" and result.max_abs_diff is None
 
 
-@pytest.mark.parametrize("call", [
-    lambda: parse_layer_pattern("sconv,attn,"),
-    lambda: CompilationConfig(splitting_ops="cglab::unified_attention,,cglab::short_conv"),
-    lambda: CompilationConfig(splitting_ops=["cglab::unified_attention", ""]),
-    lambda: BenchConfig.quick_preset(modes="none,,full"),
-    lambda: run_repro("piecewise", layers="sconv,attn", splitting_ops="cglab::unified_attention,", steps=2),
-], ids=["layer pattern", "splitting ops string", "splitting ops list", "bench modes", "run_repro"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: parse_layer_pattern("sconv,attn,"),
+        lambda: CompilationConfig(splitting_ops="cglab::unified_attention,,cglab::short_conv"),
+        lambda: CompilationConfig(splitting_ops=["cglab::unified_attention", ""]),
+        lambda: BenchConfig.quick_preset(modes="none,,full"),
+        lambda: run_repro("piecewise", layers="sconv,attn", splitting_ops="cglab::unified_attention,", steps=2),
+    ],
+    ids=["layer pattern", "splitting ops string", "splitting ops list", "bench modes", "run_repro"],
+)
 def test_an_empty_list_item_is_refused(call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="has an empty item"):
         call()
@@ -140,8 +156,12 @@ def test_an_empty_list_item_is_refused(call) -> None:  # type: ignore[no-untyped
 def test_the_memory_limit_leaves_room_for_the_presets() -> None:
     """The benchmark's GPU model (8 layers, hidden 1024, bf16) and the startup run need well under a
     GiB by the estimate; the limit (16 GiB) refuses only sizes no toy run needs."""
-    presets = [ToyConfig(), BenchConfig().toy_config(), StartupConfig().toy_config(),
-               repro_config("sconv,attn,compressor,attn", None, [3, 1, 8], 16)]
+    presets = [
+        ToyConfig(),
+        BenchConfig().toy_config(),
+        StartupConfig().toy_config(),
+        repro_config("sconv,attn,compressor,attn", None, [3, 1, 8], 16),
+    ]
     assert all(sum(c.memory_estimate().values()) < 2**30 for c in presets)
     big = dict(layers="attn,attn", hidden_size=8192, num_heads=8)  # the benchmark's largest hidden size
     assert sum(ToyConfig(**big).memory_estimate().values()) < MAX_CONFIG_MEMORY_GIB * 2**30

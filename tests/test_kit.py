@@ -42,6 +42,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 # --- the slides ----------------------------------------------------------------------------------------
 
+
 def test_the_kit_builds_offline(kit: tuple[Path, dict]) -> None:
     out, _ = kit
     pages = {name: (out / name).read_text(encoding="utf-8") for name in ("slides.html", "handout.html", "answers.html")}
@@ -56,8 +57,11 @@ def _shown_points(figure, shown_width: float) -> list[tuple[float, str]]:
     """Every visible text of ``figure`` and its size in points when the figure is shown ``shown_width`` wide."""
     FigureCanvasAgg(figure).draw()
     scale = shown_width / figure.get_figwidth()
-    return [(t.get_fontsize() * scale, t.get_text()) for t in figure.findobj(Text)
-            if t.get_visible() and t.get_text().strip()]
+    return [
+        (t.get_fontsize() * scale, t.get_text())
+        for t in figure.findobj(Text)
+        if t.get_visible() and t.get_text().strip()
+    ]
 
 
 def test_slide_figures_have_12pt_text_at_the_size_shown(kit: tuple[Path, dict]) -> None:
@@ -147,8 +151,7 @@ def test_the_handouts_six_line_fix_is_the_code() -> None:
     changed = [line[1:].strip() for line in diff.splitlines() if line[:1] in "+-"]
     # A call wrapped over lines reads as one line; "..." stands for arguments left out.
     source = re.sub(r"([(,])\s*\n\s*", r"\1 ", (ROOT / "cglab" / "cudagraph_utils.py").read_text(encoding="utf-8"))
-    stale = [line for line in changed
-             if not re.search("[^()\n]*?".join(map(re.escape, line.split("..."))), source)]
+    stale = [line for line in changed if not re.search("[^()\n]*?".join(map(re.escape, line.split("..."))), source)]
     assert len(changed) == 6 and not stale, f"the handout's fix is not cglab's code: {stale}"
 
 
@@ -166,8 +169,13 @@ def section_references(markdown: str) -> list[tuple[str, str]]:
 def _headings(number: str) -> list[str]:
     path = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return [line for cell in cells if cell["cell_type"] == "markdown"
-            for line in "".join(cell["source"]).splitlines() if line.startswith("#")]
+    return [
+        line
+        for cell in cells
+        if cell["cell_type"] == "markdown"
+        for line in "".join(cell["source"]).splitlines()
+        if line.startswith("#")
+    ]
 
 
 @pytest.mark.parametrize("doc", [FACILITATOR, KIT / "answers.md", KIT / "handout.md"], ids=lambda p: p.name)
@@ -179,8 +187,12 @@ def test_every_section_a_doc_names_exists(doc: Path) -> None:
 
 def test_section_references_are_read_with_their_notebook() -> None:
     text = "(04, *The loud variant*; 01, *Static buffers*) **00 welcome**, *Your environment*, 00b, *2 · The picture*"
-    assert section_references(text) == [("04", "The loud variant"), ("01", "Static buffers"),
-                                         ("00", "Your environment"), ("00b", "2 · The picture")]
+    assert section_references(text) == [
+        ("04", "The loud variant"),
+        ("01", "Static buffers"),
+        ("00", "Your environment"),
+        ("00b", "2 · The picture"),
+    ]
 
 
 @pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: p.name)
@@ -191,8 +203,11 @@ def test_relative_links_resolve(doc: Path) -> None:
 
 
 def test_every_question_has_a_model_answer_of_three_to_six_sentences() -> None:
-    questions = re.findall(r"^(\d+)\. ", FACILITATOR.read_text(encoding="utf-8").split("## Questions to discuss")[1]
-                           .split("\n## ")[0], re.MULTILINE)
+    questions = re.findall(
+        r"^(\d+)\. ",
+        FACILITATOR.read_text(encoding="utf-8").split("## Questions to discuss")[1].split("\n## ")[0],
+        re.MULTILINE,
+    )
     answers = re.split(r"^## (\d+)\. .*$", (KIT / "answers.md").read_text(encoding="utf-8"), flags=re.MULTILINE)[1:]
     numbers, bodies = answers[0::2], answers[1::2]
     assert numbers == questions, f"FACILITATOR asks {questions}, answers.md answers {numbers}"
@@ -204,5 +219,6 @@ def test_every_question_has_a_model_answer_of_three_to_six_sentences() -> None:
 
 def test_facilitators_word_counts_are_the_notebooks_own() -> None:
     text = FACILITATOR.read_text(encoding="utf-8")
-    assert text == reading_times.with_table(text), \
+    assert text == reading_times.with_table(text), (
         "FACILITATOR.md's reading-time table is stale: run .venv/bin/python tools/reading_times.py --write"
+    )

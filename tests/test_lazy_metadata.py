@@ -38,8 +38,12 @@ class WarmupMetadataRunner(ModelRunner):
 
 
 def lazy_runner(runner_class: type[ModelRunner], mode: str, device: str, flavor: str = "compiled") -> ModelRunner:
-    return runner_class(CONFIG, CompilationConfig(mode, SIZES, use_breakable_cg=flavor == "breakable"), device=device,
-                        builders={"attn": LazyPlanAttentionMetadataBuilder(CONFIG)})
+    return runner_class(
+        CONFIG,
+        CompilationConfig(mode, SIZES, use_breakable_cg=flavor == "breakable"),
+        device=device,
+        builders={"attn": LazyPlanAttentionMetadataBuilder(CONFIG)},
+    )
 
 
 def decode_differences(runner: ModelRunner, reference: ModelRunner) -> list[float]:
@@ -183,9 +187,14 @@ def test_every_graph_is_captured_after_one_eager_warmup(device):
     pw, full = "PIECEWISE(tokens={}, reqs=any)", "FULL(tokens={0}, reqs={0}, uniform=1)"
     compiled_pw = ("forward", "run NONE (warmup context)", "run PIECEWISE")
     full_steps = ("warmup forward", "run NONE (warmup context)", "forward", "run NONE")
-    assert compiled == [*_procedure(pw.format(2), *compiled_pw), *_procedure(pw.format(1), *compiled_pw),
-                        *_procedure(full.format(2), *full_steps), *_procedure(full.format(1), *full_steps)]
-    breakable = ProcedureRunner(config, CompilationConfig("piecewise", (1, 2), use_breakable_cg=True),
-                                device=device).log
+    assert compiled == [
+        *_procedure(pw.format(2), *compiled_pw),
+        *_procedure(pw.format(1), *compiled_pw),
+        *_procedure(full.format(2), *full_steps),
+        *_procedure(full.format(1), *full_steps),
+    ]
+    breakable = ProcedureRunner(
+        config, CompilationConfig("piecewise", (1, 2), use_breakable_cg=True), device=device
+    ).log
     breakable_pw = ("warmup forward", "run NONE (warmup context)", "forward", "run PIECEWISE")
     assert breakable == [*_procedure(pw.format(2), *breakable_pw), *_procedure(pw.format(1), *breakable_pw)]

@@ -40,13 +40,18 @@ LAYERS = "linear_attn,attn"
 FLAVORS = ["compiled", "breakable"]
 ABOVE = (1, 2, 4, 8, 16)  # with max_num_reqs 8 the 16-token capture batch is 8 requests x 2 tokens
 STATE = "layers.0.linear_attn.state_cache"
-NEVER, DECODE, UNIFORM, ALWAYS = (AttentionCGSupport.NEVER, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE,
-                                  AttentionCGSupport.UNIFORM_BATCH, AttentionCGSupport.ALWAYS)
+NEVER, DECODE, UNIFORM, ALWAYS = (
+    AttentionCGSupport.NEVER,
+    AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE,
+    AttentionCGSupport.UNIFORM_BATCH,
+    AttentionCGSupport.ALWAYS,
+)
 NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
 FULL_AND_PIECEWISE, FULL_DECODE_ONLY = CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY
 
 
 # -- the recurrence ------------------------------------------------------------------------------
+
 
 def test_prompt_in_one_step_equals_prompt_token_by_token_and_in_chunks() -> None:
     config = ToyConfig(layers=("linear_attn", "attn", "linear_attn"), max_num_reqs=2)
@@ -58,7 +63,7 @@ def test_prompt_in_one_step_equals_prompt_token_by_token_and_in_chunks() -> None
     for token in prompt:
         last = by_token.step({"a": [token]}).logits[-1]
     for start in range(0, len(prompt), 4):
-        last_chunk = chunked.step({"a": prompt[start:start + 4]}).logits[-1]
+        last_chunk = chunked.step({"a": prompt[start : start + 4]}).logits[-1]
     for runner, logits in ((by_token, last), (chunked, last_chunk)):
         assert (logits - expected).abs().max().item() < 1e-5
         assert max(state_differences(runner, whole).values()) < 1e-5
@@ -77,8 +82,15 @@ def test_the_kernel_is_the_recurrence() -> None:
     saved = torch.randn(heads, dim, dim, generator=gen)
     layer.state_cache[2] = saved  # request 1's first block is block 2
     query_start_loc, seq_lens = torch.tensor([0, 3, 5]), torch.tensor([3, 9])  # request 1: positions 7 and 8
-    md = LinearAttentionMetadata(query_start_loc, seq_lens, torch.tensor([1, 2]), torch.tensor([4, 5, 6, 30, 31, -1]),
-                                 num_reqs=2, num_actual_tokens=5, max_query_len=3)
+    md = LinearAttentionMetadata(
+        query_start_loc,
+        seq_lens,
+        torch.tensor([1, 2]),
+        torch.tensor([4, 5, 6, 30, 31, -1]),
+        num_reqs=2,
+        num_actual_tokens=5,
+        max_query_len=3,
+    )
     out = torch.full_like(q, float("nan"))
     with set_forward_context({layer.layer_name: md}):
         _linear_attention(q, k, v, decay, out, layer.state_cache, layer.layer_name)
@@ -126,26 +138,45 @@ def test_each_request_keeps_a_state_of_its_own() -> None:
 
 # -- the fix's second reason ----------------------------------------------------------------------
 
+
 def test_legacy_breakable_capture_fails_in_the_builder_above_max_num_reqs(device) -> None:
     """Before the fix breakable PIECEWISE built capture metadata, and a 16-token capture batch of 8
     requests is prefill-shaped: the decode-only builder refuses it."""
-    result = run_repro("piecewise", legacy_skip_attn=True, piecewise_flavor="breakable", layers=LAYERS,
-                       capture_sizes=ABOVE, steps=2, device=device)
-    assert result.error.startswith("MetadataBuildError: capturing the PIECEWISE(tokens=16, reqs=any) graph failed: "
-                                   "LinearAttentionMetadataBuilder cannot build capture metadata (for_capture=True) "
-                                   "for a batch of 16 tokens in 8 requests (longest query 2 tokens)")
+    result = run_repro(
+        "piecewise",
+        legacy_skip_attn=True,
+        piecewise_flavor="breakable",
+        layers=LAYERS,
+        capture_sizes=ABOVE,
+        steps=2,
+        device=device,
+    )
+    assert result.error.startswith(
+        "MetadataBuildError: capturing the PIECEWISE(tokens=16, reqs=any) graph failed: "
+        "LinearAttentionMetadataBuilder cannot build capture metadata (for_capture=True) "
+        "for a batch of 16 tokens in 8 requests (longest query 2 tokens)"
+    )
     assert "UNIFORM_SINGLE_TOKEN_DECODE" in result.error and "at or below max_num_reqs (8)" in result.error
     assert result.cudagraph_mode == "piecewise" and result.captured_sizes == {}
     config = ToyConfig(layers=("linear_attn", "attn"), max_num_reqs=4)
     with pytest.raises(MetadataBuildError, match=r"8 tokens in 4 requests \(longest query 2 tokens\)") as info:
-        ModelRunner(config, CompilationConfig("piecewise", (2, 8), use_breakable_cg=True, legacy_skip_attn=True),
-                    device=device)
+        ModelRunner(
+            config, CompilationConfig("piecewise", (2, 8), use_breakable_cg=True, legacy_skip_attn=True), device=device
+        )
     assert isinstance(info.value, CaptureError)
 
 
 def test_legacy_breakable_works_when_capture_batches_are_decode_shaped(device, replays) -> None:
-    result = run_repro("piecewise", legacy_skip_attn=True, piecewise_flavor="breakable", layers=LAYERS,
-                       capture_sizes=(1, 2, 4, 8), prefill_chunk=4, steps=8, device=device)
+    result = run_repro(
+        "piecewise",
+        legacy_skip_attn=True,
+        piecewise_flavor="breakable",
+        layers=LAYERS,
+        capture_sizes=(1, 2, 4, 8),
+        prefill_chunk=4,
+        steps=8,
+        device=device,
+    )
     assert result.error is None and not result.diverged, result.step_diffs
     assert result.steps_by_mode["piecewise"] > 0 and replays["piecewise"] == result.steps_by_mode["piecewise"]
 
@@ -154,8 +185,17 @@ def test_legacy_breakable_works_when_capture_batches_are_decode_shaped(device, r
 def test_fixed_path_captures_above_max_num_reqs_and_matches_eager(device, flavor, replays) -> None:
     """Ordinary metadata at PIECEWISE capture (the fix): the prefill-shaped capture batches are built,
     and chunked-prefill steps of up to 10 tokens replay the 16-token graph."""
-    result = run_repro("piecewise", piecewise_flavor=flavor, layers=LAYERS, capture_sizes=ABOVE, batch_sizes=(3, 1, 4),
-                       max_num_reqs=4, prefill_chunk=6, steps=10, device=device)
+    result = run_repro(
+        "piecewise",
+        piecewise_flavor=flavor,
+        layers=LAYERS,
+        capture_sizes=ABOVE,
+        batch_sizes=(3, 1, 4),
+        max_num_reqs=4,
+        prefill_chunk=6,
+        steps=10,
+        device=device,
+    )
     assert result.error is None
     assert result.max_abs_diff <= result.tolerance and not result.state_diverged, result.step_diffs
     assert result.captured_sizes == {"piecewise": list(ABOVE)}
@@ -163,8 +203,9 @@ def test_fixed_path_captures_above_max_num_reqs_and_matches_eager(device, flavor
     assert any(m.startswith("PIECEWISE(tokens=16") for m in result.step_modes)
 
 
-@pytest.mark.parametrize(("mode", "flavor"), [("piecewise", "breakable"), ("piecewise", "compiled"),
-                                              ("full_and_piecewise", "breakable")])
+@pytest.mark.parametrize(
+    ("mode", "flavor"), [("piecewise", "breakable"), ("piecewise", "compiled"), ("full_and_piecewise", "breakable")]
+)
 def test_capture_writes_nothing_into_the_state_cache(device, monkeypatch, mode, flavor) -> None:
     """Warmup and the eager breaks run for real on the dummy batches (prefill-shaped ones too): no real
     state entry may change, only the spare row."""
@@ -176,24 +217,31 @@ def test_capture_writes_nothing_into_the_state_cache(device, monkeypatch, mode, 
 
     monkeypatch.setattr(LinearAttention, "__init__", prefilled)
     config = ToyConfig(layers=("linear_attn", "attn"), max_num_reqs=4, num_blocks=8)
-    runner = ModelRunner(config, CompilationConfig(mode, (1, 4, 16), use_breakable_cg=flavor == "breakable"),
-                         device=device)
-    before = torch.randn((config.num_blocks + 1, config.num_heads, config.head_dim, config.head_dim),
-                         generator=torch.Generator().manual_seed(1))[:-1]
+    runner = ModelRunner(
+        config, CompilationConfig(mode, (1, 4, 16), use_breakable_cg=flavor == "breakable"), device=device
+    )
+    before = torch.randn(
+        (config.num_blocks + 1, config.num_heads, config.head_dim, config.head_dim),
+        generator=torch.Generator().manual_seed(1),
+    )[:-1]
     assert torch.equal(runner.state_tensors()[STATE].cpu(), before)
     runner.close()
 
 
 # -- lowering the mode ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_plain_full_is_lowered_to_full_and_piecewise_and_matches_eager(device, flavor, replays) -> None:
-    result = run_repro("full", piecewise_flavor=flavor, layers=LAYERS, batch_sizes=(2, 1), prefill_chunk=8, steps=8,
-                       device=device)
+    result = run_repro(
+        "full", piecewise_flavor=flavor, layers=LAYERS, batch_sizes=(2, 1), prefill_chunk=8, steps=8, device=device
+    )
     assert result.mode == "full" and result.cudagraph_mode == "full_and_piecewise"
-    assert result.cudagraph_mode_note.startswith("cudagraph_mode FULL lowered to FULL_AND_PIECEWISE: "
-                                                 "LinearAttentionMetadataBuilder's cudagraph_support is "
-                                                 "UNIFORM_SINGLE_TOKEN_DECODE")
+    assert result.cudagraph_mode_note.startswith(
+        "cudagraph_mode FULL lowered to FULL_AND_PIECEWISE: "
+        "LinearAttentionMetadataBuilder's cudagraph_support is "
+        "UNIFORM_SINGLE_TOKEN_DECODE"
+    )
     assert result.error is None and not result.diverged, result.step_diffs
     graphs = {mode: n for mode, n in result.steps_by_mode.items() if mode != "none"}  # "none": above every size
     assert set(graphs) == {"full", "piecewise"} and replays == graphs
@@ -216,8 +264,11 @@ def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
         cudagraph_support = AttentionCGSupport.UNIFORM_BATCH
 
     config = ToyConfig(layers=("attn", "sconv"))  # not the first group: the least capable
-    runner = ModelRunner(config, CompilationConfig("full", (1, 2)),
-                         builders={"sconv": UniformShortConvBuilder(config, torch.device("cpu"))})
+    runner = ModelRunner(
+        config,
+        CompilationConfig("full", (1, 2)),
+        builders={"sconv": UniformShortConvBuilder(config, torch.device("cpu"))},
+    )
     assert runner.cudagraph_mode is FULL_AND_PIECEWISE
     assert "UniformShortConvBuilder's cudagraph_support is UNIFORM_BATCH" in runner.cudagraph_mode_note
 
@@ -243,10 +294,14 @@ def _note(mode: CUDAGraphMode, to: CUDAGraphMode, support: AttentionCGSupport, w
     return f"cudagraph_mode {mode.name} lowered to {to.name}: B's cudagraph_support is {support.name}; {why}"
 
 
-MIXED_SPLIT = ("FULL graphs of mixed batches need ALWAYS; mixed batches run PIECEWISE (attention is outside the "
-               "graphs), uniform decode batches FULL")
-MIXED_EAGER = ("FULL graphs of mixed batches need ALWAYS; mixed batches run eagerly (attention is not a splitting "
-               "op), uniform decode batches FULL")
+MIXED_SPLIT = (
+    "FULL graphs of mixed batches need ALWAYS; mixed batches run PIECEWISE (attention is outside the "
+    "graphs), uniform decode batches FULL"
+)
+MIXED_EAGER = (
+    "FULL graphs of mixed batches need ALWAYS; mixed batches run eagerly (attention is not a splitting "
+    "op), uniform decode batches FULL"
+)
 NO_FULL_SPLIT = "no FULL graph can be captured; attention is compiled piecewise"
 NO_FULL_EAGER = "no FULL graph can be captured, and attention is not compiled piecewise"
 SPEC = "speculative decoding verifies 3 tokens per request, and FULL graphs of such batches need UNIFORM_BATCH or more"
@@ -261,9 +316,16 @@ RULE = [  # mode, support, splitting ops contain attention, uniform_decode_query
     (FULL_AND_PIECEWISE, DECODE, True, 3, PIECEWISE, _note(FULL_AND_PIECEWISE, PIECEWISE, DECODE, SPEC)),  # (4)
     (FULL_DECODE_ONLY, DECODE, False, 3, NONE, _note(FULL_DECODE_ONLY, NONE, DECODE, SPEC)),
     (FULL_AND_PIECEWISE, UNIFORM, True, 3, FULL_AND_PIECEWISE, None),
-    (FULL, DECODE, True, 3, PIECEWISE,  # (2) then (4)
-     _note(FULL, FULL_AND_PIECEWISE, DECODE, MIXED_SPLIT) + "; then " + _note(FULL_AND_PIECEWISE, PIECEWISE, DECODE,
-                                                                                 SPEC)),
+    (
+        FULL,
+        DECODE,
+        True,
+        3,
+        PIECEWISE,  # (2) then (4)
+        _note(FULL, FULL_AND_PIECEWISE, DECODE, MIXED_SPLIT)
+        + "; then "
+        + _note(FULL_AND_PIECEWISE, PIECEWISE, DECODE, SPEC),
+    ),
     (FULL_DECODE_ONLY, DECODE, True, 1, FULL_DECODE_ONLY, None),
     (FULL_AND_PIECEWISE, DECODE, True, 1, FULL_AND_PIECEWISE, None),
     (PIECEWISE, NEVER, True, 3, PIECEWISE, None),  # no FULL graph asked for: nothing to lower
@@ -272,13 +334,17 @@ RULE = [  # mode, support, splitting ops contain attention, uniform_decode_query
 
 @pytest.mark.parametrize(("mode", "support", "split", "query_len", "expected", "note"), RULE)
 def test_resolve_cudagraph_mode_follows_vllms_rule(mode, support, split, query_len, expected, note) -> None:
-    assert resolve_cudagraph_mode(mode, support, builder_name="B", splitting_ops_contain_attention=split,
-                                  uniform_decode_query_len=query_len) == (expected, note)
+    assert resolve_cudagraph_mode(
+        mode, support, builder_name="B", splitting_ops_contain_attention=split, uniform_decode_query_len=query_len
+    ) == (expected, note)
 
 
 def test_mixed_full_with_a_never_builder_is_refused_with_the_remedy() -> None:
-    with pytest.raises(ConfigError, match=r"cudagraph_mode FULL is not supported: B's cudagraph_support is NEVER .*"
-                                          r"use cudagraph_mode='piecewise'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cudagraph_mode FULL is not supported: B's cudagraph_support is NEVER .*"
+        r"use cudagraph_mode='piecewise'",
+    ):
         resolve_cudagraph_mode(FULL, NEVER, builder_name="B", splitting_ops_contain_attention=True)
 
 
@@ -294,16 +360,25 @@ def test_splitting_ops_contain_attention() -> None:
 
 SHAPES = {"decode": [1, 1, 1], "uniform prefill": [2, 2], "mixed": [1, 1, 5], "one prompt": [4]}
 CAN = {  # shape -> the levels that can build capture metadata for it
-    "decode": {DECODE, UNIFORM, ALWAYS}, "uniform prefill": {UNIFORM, ALWAYS}, "mixed": {ALWAYS},
+    "decode": {DECODE, UNIFORM, ALWAYS},
+    "uniform prefill": {UNIFORM, ALWAYS},
+    "mixed": {ALWAYS},
     "one prompt": {UNIFORM, ALWAYS},
 }
 
 
 def _common(query_lens: list[int]) -> CommonAttentionMetadata:
     starts = torch.tensor([0, *query_lens]).cumsum(0)
-    return CommonAttentionMetadata(starts, torch.tensor(query_lens), torch.zeros(len(query_lens), 2, dtype=torch.long),
-                                   torch.full((sum(query_lens),), -1), len(query_lens), sum(query_lens),
-                                   max(query_lens), max(query_lens))
+    return CommonAttentionMetadata(
+        starts,
+        torch.tensor(query_lens),
+        torch.zeros(len(query_lens), 2, dtype=torch.long),
+        torch.full((sum(query_lens),), -1),
+        len(query_lens),
+        sum(query_lens),
+        max(query_lens),
+        max(query_lens),
+    )
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -324,7 +399,10 @@ def test_can_build_metadata_and_the_builder_apply_one_rule(shape: str) -> None:
 def test_capture_support_rows_and_figure() -> None:
     rows = capture_support(4, (8, 1, 6))
     assert [(r.num_tokens, r.query_lens, r.decode_shaped) for r in rows] == [
-        (1, (1,), True), (6, (1, 1, 2, 2), False), (8, (2, 2, 2, 2), False)]
+        (1, (1,), True),
+        (6, (1, 1, 2, 2), False),
+        (8, (2, 2, 2, 2), False),
+    ]
     assert [r.describe_batch() for r in rows] == ["1 req x 1 token", "2 x 1 + 2 x 2 tokens", "4 reqs x 2 tokens"]
     assert [r.old[DECODE] for r in rows] == [True, False, False]
     assert [r.old[UNIFORM] for r in rows] == [True, False, True]
@@ -337,8 +415,20 @@ def test_capture_support_rows_and_figure() -> None:
 
 # -- the CLI ------------------------------------------------------------------------------------------
 
-OLD_BREAKABLE = ["repro", "--layers", LAYERS, "--mode", "piecewise", "--piecewise-flavor", "breakable",
-                 "--legacy-skip-attn", "--capture-sizes", "1,2,4,8,16", "--steps", "2"]
+OLD_BREAKABLE = [
+    "repro",
+    "--layers",
+    LAYERS,
+    "--mode",
+    "piecewise",
+    "--piecewise-flavor",
+    "breakable",
+    "--legacy-skip-attn",
+    "--capture-sizes",
+    "1,2,4,8,16",
+    "--steps",
+    "2",
+]
 
 
 def test_cli_reports_the_builder_failure_as_a_finding(capsys: pytest.CaptureFixture[str]) -> None:
@@ -359,8 +449,9 @@ def test_cli_reports_the_builder_failure_as_a_finding(capsys: pytest.CaptureFixt
 def test_max_num_reqs_sets_the_engine_limit_not_the_request_pool() -> None:
     config = repro_config(LAYERS, None, [3, 1], steps=4, max_num_reqs=6)
     assert config.max_num_reqs == 6 and config.num_blocks == repro_config(LAYERS, None, [3, 1], steps=4).num_blocks
-    result = run_repro("piecewise", layers=LAYERS, piecewise_flavor="breakable", batch_sizes=(3, 1), steps=2,
-                       max_num_reqs=6)
+    result = run_repro(
+        "piecewise", layers=LAYERS, piecewise_flavor="breakable", batch_sizes=(3, 1), steps=2, max_num_reqs=6
+    )
     assert result.error is None and not result.diverged and result.steps_by_mode == {"piecewise": 2}
 
 
@@ -372,12 +463,18 @@ def test_cli_prints_the_lowering_note(capsys: pytest.CaptureFixture[str]) -> Non
     assert "lowered" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("argv", "fix"), [
-    (["--max-num-reqs", "2", "--batch-sizes", "3"], "max_num_reqs must be an integer from the largest batch size (3)"),
-    (["--max-num-reqs", "0"], "max_num_reqs must be an integer"),
-    (["--num-speculative-tokens", "2", "--draft-layers", "linear_attn"], "does not support linear_attn"),
-    (["--layers", LAYERS, "--splitting-ops", "cglab::unified_attention"], "add cglab::linear_attention"),
-])
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (
+            ["--max-num-reqs", "2", "--batch-sizes", "3"],
+            "max_num_reqs must be an integer from the largest batch size (3)",
+        ),
+        (["--max-num-reqs", "0"], "max_num_reqs must be an integer"),
+        (["--num-speculative-tokens", "2", "--draft-layers", "linear_attn"], "does not support linear_attn"),
+        (["--layers", LAYERS, "--splitting-ops", "cglab::unified_attention"], "add cglab::linear_attention"),
+    ],
+)
 def test_cli_bad_values_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], fix: str) -> None:
     assert main(["repro", "--steps", "2", *argv]) == 2
     err = capsys.readouterr().err

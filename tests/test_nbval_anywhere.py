@@ -23,8 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_express_notebook_reads_the_same_with_another_cpus_kernels() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTEST_XDIST_WORKER")}
     env["ATEN_CPU_CAPABILITY"] = "default"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "--nbval",
-                          "notebooks/00b_express.ipynb"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "--nbval", "notebooks/00b_express.ipynb"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-4000:]
     assert " passed" in run.stdout.splitlines()[-1]

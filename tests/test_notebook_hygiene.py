@@ -54,10 +54,12 @@ def test_ran_once_top_to_bottom_in_a_fresh_kernel(path: Path) -> None:
 @needs_notebooks
 @by_notebook
 def test_no_error_outputs_unless_tagged(path: Path) -> None:
-    stray = [i for i, c in enumerate(_code_cells(nbformat.read(path, as_version=4)))
-             if "raises-exception" not in _tags(c)
-             and any(o.output_type == "error" or (o.output_type == "stream" and "Traceback" in o.text)
-                     for o in c.outputs)]
+    stray = [
+        i
+        for i, c in enumerate(_code_cells(nbformat.read(path, as_version=4)))
+        if "raises-exception" not in _tags(c)
+        and any(o.output_type == "error" or (o.output_type == "stream" and "Traceback" in o.text) for o in c.outputs)
+    ]
     assert not stray, f"code cells {stray} show an error: fix them, or tag a teaching error 'raises-exception'"
 
 
@@ -65,9 +67,12 @@ def test_no_error_outputs_unless_tagged(path: Path) -> None:
 @by_notebook
 def test_no_absolute_paths(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
-    found = [(i, m.group()) for i, cell in enumerate(nb.cells)
-             for text in [cell.source, *(t for o in cell.get("outputs", []) for t in _output_texts(o))]
-             for m in ABSOLUTE_PATH.finditer(text)]
+    found = [
+        (i, m.group())
+        for i, cell in enumerate(nb.cells)
+        for text in [cell.source, *(t for o in cell.get("outputs", []) for t in _output_texts(o))]
+        for m in ABSOLUTE_PATH.finditer(text)
+    ]
     assert not found, f"absolute paths (cell index, path): {found}; use paths relative to the notebook"
 
 
@@ -77,8 +82,9 @@ def test_the_first_code_cell_sets_the_notebook_up(path: Path) -> None:
     """``setup_notebook()`` pins one CPU thread (the saved outputs then read the same on any core count,
     with or without OMP_NUM_THREADS) and, on a GPU, the lessons' compile backend."""
     first = _code_cells(nbformat.read(path, as_version=4))[0].source
-    assert re.search(r"^(DEVICE = )?setup_notebook\(\)", first, re.MULTILINE), \
+    assert re.search(r"^(DEVICE = )?setup_notebook\(\)", first, re.MULTILINE), (
         f"{path.name}: the first code cell must call setup_notebook() (from cglab.lab.notebook)"
+    )
 
 
 # --- Markdown and names (issue 21) ------------------------------------------------------------------
@@ -106,7 +112,7 @@ def _section(markdown: str, heading: str) -> str:
     assert match, f"no heading containing {heading!r}"
     level = len(match.group(1))
     end = re.compile(rf"^#{{1,{level}}} ", re.MULTILINE).search(markdown, match.end())
-    return markdown[match.end():end.start() if end else len(markdown)]
+    return markdown[match.end() : end.start() if end else len(markdown)]
 
 
 @needs_notebooks
@@ -125,13 +131,17 @@ def test_every_pr_is_a_link_at_its_first_mention(path: Path) -> None:
     first: dict[str, int] = {}
     for m in PR_MENTION.finditer(markdown):
         first.setdefault(m.group(1), m.start())
-    unlinked = [f"#{number}" for number, at in first.items()
-                if not any(start <= at < end and re.search(rf"/{number}(?:\D|$)", url) for start, end, url in links)]
+    unlinked = [
+        f"#{number}"
+        for number, at in first.items()
+        if not any(start <= at < end and re.search(rf"/{number}(?:\D|$)", url) for start, end, url in links)
+    ]
     assert not unlinked, f"{path.name}: first mention not a link to the PR: {unlinked}"
 
 
-@pytest.mark.parametrize(("map_notebook", "heading"), [("00_welcome.ipynb", "The map of the suite"),
-                                                      ("00b_express.ipynb", "Where to go on")])
+@pytest.mark.parametrize(
+    ("map_notebook", "heading"), [("00_welcome.ipynb", "The map of the suite"), ("00b_express.ipynb", "Where to go on")]
+)
 def test_the_maps_name_every_notebook(map_notebook: str, heading: str) -> None:
     path = ROOT / "notebooks" / map_notebook
     if not path.exists():
@@ -202,9 +212,11 @@ def test_exercise_and_solution_code_uses_only_names_defined_before(path: Path) -
 
 
 def test_undefined_names_sees_a_missing_import_and_not_a_bound_name() -> None:
-    cells = [("%matplotlib inline\nimport torch\nx = torch.ones(2)", False),
-             ("for i in range(2):\n    y = [j for j in x] + [i]\nwith open('f') as f:\n    pass", True),
-             ("def g(a, *args, k=1):\n    return a + k + len(args) + undefined_thing", True)]
+    cells = [
+        ("%matplotlib inline\nimport torch\nx = torch.ones(2)", False),
+        ("for i in range(2):\n    y = [j for j in x] + [i]\nwith open('f') as f:\n    pass", True),
+        ("def g(a, *args, k=1):\n    return a + k + len(args) + undefined_thing", True),
+    ]
     assert undefined_names(cells) == [(2, ["undefined_thing"])]
 
 

@@ -46,8 +46,9 @@ def test_setup_on_the_cpu_leaves_the_compile_backend_alone(threads: None, no_env
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (runs on the GPU machine)")
-def test_setup_on_a_gpu_compiles_the_pieces_eagerly(threads: None, no_env: pytest.MonkeyPatch,
-                                                    replays: Counter[str]) -> None:
+def test_setup_on_a_gpu_compiles_the_pieces_eagerly(
+    threads: None, no_env: pytest.MonkeyPatch, replays: Counter[str]
+) -> None:
     assert setup_notebook() == "cuda"
     assert ModelRunner(ToyConfig(), CompilationConfig("piecewise", (1, 2)), device="cuda").compile_backend == "eager"
     result = run_repro("piecewise", device="cuda")  # the lesson holds with the eager backend's pieces
@@ -61,21 +62,32 @@ def test_setup_keeps_a_compile_backend_the_user_chose(threads: None, no_env: pyt
     assert auto_compiler("cuda") == "inductor"
 
 
-@pytest.mark.parametrize("device, message", [
-    ("gpu", "setup_notebook takes 'cpu', 'cuda' or nothing"),
-    pytest.param("cuda", "no CUDA GPU is visible", marks=pytest.mark.skipif(GPU, reason="a GPU is visible")),
-])
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("gpu", "setup_notebook takes 'cpu', 'cuda' or nothing"),
+        pytest.param("cuda", "no CUDA GPU is visible", marks=pytest.mark.skipif(GPU, reason="a GPU is visible")),
+    ],
+)
 def test_setup_refuses_a_device_it_cannot_use(device: str, message: str, threads: None) -> None:
     with pytest.raises(ConfigError, match=message):
         setup_notebook(device)
 
 
-@pytest.mark.parametrize("env, device_type, expected", [
-    (None, "cpu", "eager"), (None, "cuda", "inductor"), ("inductor", "cpu", "inductor"), ("eager", "cuda", "eager"),
-    (" Eager ", "cuda", "eager"), ("", "cuda", "inductor"),
-])
-def test_auto_compiler_follows_the_environment(env: str | None, device_type: str, expected: str,
-                                              no_env: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "env, device_type, expected",
+    [
+        (None, "cpu", "eager"),
+        (None, "cuda", "inductor"),
+        ("inductor", "cpu", "inductor"),
+        ("eager", "cuda", "eager"),
+        (" Eager ", "cuda", "eager"),
+        ("", "cuda", "inductor"),
+    ],
+)
+def test_auto_compiler_follows_the_environment(
+    env: str | None, device_type: str, expected: str, no_env: pytest.MonkeyPatch
+) -> None:
     if env is not None:
         no_env.setenv(COMPILE_BACKEND_ENV, env)
     assert auto_compiler(device_type) == expected
@@ -98,13 +110,15 @@ def test_the_bench_compiles_as_vllm_whatever_the_environment_says(no_env: pytest
     notebook whose setup chose eager for the lessons (and never inductor on the CPU)."""
     no_env.setenv(COMPILE_BACKEND_ENV, "inductor")
     config = BenchConfig.quick_preset(batch_sizes=(1,), modes=("compiled_full",))
-    runner = _make_runner("compiled_full", config.toy_config(), config.batch_sizes, torch.device("cpu"),
-                          lambda *a, **k: None)
+    runner = _make_runner(
+        "compiled_full", config.toy_config(), config.batch_sizes, torch.device("cpu"), lambda *a, **k: None
+    )
     assert runner.compile_backend == "eager"
     if GPU:
         no_env.setenv(COMPILE_BACKEND_ENV, "eager")
-        runner = _make_runner("compiled_full", config.toy_config(), config.batch_sizes, torch.device("cuda"),
-                              lambda *a, **k: None)
+        runner = _make_runner(
+            "compiled_full", config.toy_config(), config.batch_sizes, torch.device("cuda"), lambda *a, **k: None
+        )
         assert runner.compile_backend == "inductor"
 
 

@@ -29,13 +29,20 @@ def engines(draw: st.DrawFn) -> tuple[ToyConfig, tuple[int, ...], CUDAGraphMode,
     max_num_reqs = draw(st.integers(1, MAX_REQS))
     sizes = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True)))
     config = ToyConfig(
-        layers=layers, hidden_size=16, num_heads=2, vocab_size=32, block_size=4, max_num_reqs=max_num_reqs,
-        max_model_len=(MAX_STEPS + 2) * MAX_QUERY, num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
-        sconv_kernel_size=draw(st.integers(2, 4)), compress_ratio=draw(st.sampled_from([2, 4])),
-        strict_layers=draw(st.booleans()), seed=draw(st.integers(0, 3)),
+        layers=layers,
+        hidden_size=16,
+        num_heads=2,
+        vocab_size=32,
+        block_size=4,
+        max_num_reqs=max_num_reqs,
+        max_model_len=(MAX_STEPS + 2) * MAX_QUERY,
+        num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
+        sconv_kernel_size=draw(st.integers(2, 4)),
+        compress_ratio=draw(st.sampled_from([2, 4])),
+        strict_layers=draw(st.booleans()),
+        seed=draw(st.integers(0, 3)),
     )
-    return (config, sizes, draw(st.sampled_from(list(CUDAGraphMode))),
-            draw(st.sampled_from(["compiled", "breakable"])))
+    return (config, sizes, draw(st.sampled_from(list(CUDAGraphMode))), draw(st.sampled_from(["compiled", "breakable"])))
 
 
 def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
@@ -50,8 +57,9 @@ def step_plans(max_num_reqs: int) -> st.SearchStrategy[list[list[int]]]:
 @given(data=st.data())
 def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) -> None:
     config, sizes, mode, flavor = data.draw(engines())
-    prompts = data.draw(st.lists(st.integers(1, 2 * MAX_QUERY), min_size=config.max_num_reqs,
-                                 max_size=config.max_num_reqs))
+    prompts = data.draw(
+        st.lists(st.integers(1, 2 * MAX_QUERY), min_size=config.max_num_reqs, max_size=config.max_num_reqs)
+    )
     # Ends with request 0 alone: the rest of its prompt (if any), then surely a decode step.
     plan = data.draw(step_plans(config.max_num_reqs)) + [[2 * MAX_QUERY], [1]]
     runner = ModelRunner(config, CompilationConfig(mode, sizes, use_breakable_cg=flavor == "breakable"))
@@ -81,11 +89,17 @@ def test_fixed_path_replay_equals_eager_and_caches_match(data: st.DataObject) ->
 
 
 @settings(CI, max_examples=200)
-@given(sizes=st.lists(st.integers(1, 64), min_size=1, max_size=6, unique=True), max_num_reqs=st.integers(1, 16),
-       num_reqs=st.integers(1, 16), query_len=st.integers(1, 8), prefilling=st.booleans(),
-       policy=st.sampled_from(list(CUDAGraphMode)))
-def test_dispatch_picks_the_first_compatible_candidate(sizes: list[int], max_num_reqs: int, num_reqs: int,
-                                                       query_len: int, prefilling: bool, policy: CUDAGraphMode) -> None:
+@given(
+    sizes=st.lists(st.integers(1, 64), min_size=1, max_size=6, unique=True),
+    max_num_reqs=st.integers(1, 16),
+    num_reqs=st.integers(1, 16),
+    query_len=st.integers(1, 8),
+    prefilling=st.booleans(),
+    policy=st.sampled_from(list(CUDAGraphMode)),
+)
+def test_dispatch_picks_the_first_compatible_candidate(
+    sizes: list[int], max_num_reqs: int, num_reqs: int, query_len: int, prefilling: bool, policy: CUDAGraphMode
+) -> None:
     num_reqs = min(num_reqs, max_num_reqs)
     num_tokens = num_reqs * query_len
     uniform = None if prefilling else query_len
@@ -124,19 +138,31 @@ IN_PIECE_KINDS = ("sconv", "compressor")
 
 
 @settings(CI, max_examples=20)
-@given(layers=st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3),
-       capture_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
-       prompts=st.lists(st.integers(1, 2 * MAX_QUERY), min_size=1, max_size=MAX_REQS),
-       decodes=st.lists(st.integers(1, MAX_REQS), min_size=1, max_size=MAX_STEPS), seed=st.integers(0, 3))
+@given(
+    layers=st.lists(st.sampled_from(LAYER_KINDS), min_size=1, max_size=3),
+    capture_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+    prompts=st.lists(st.integers(1, 2 * MAX_QUERY), min_size=1, max_size=MAX_REQS),
+    decodes=st.lists(st.integers(1, MAX_REQS), min_size=1, max_size=MAX_STEPS),
+    seed=st.integers(0, 3),
+)
 def test_legacy_compiled_piecewise_skips_exactly_the_stateful_layers(
-        layers: list[str], capture_sizes: list[int], prompts: list[int], decodes: list[int], seed: int) -> None:
+    layers: list[str], capture_sizes: list[int], prompts: list[int], decodes: list[int], seed: int
+) -> None:
     """The legacy capture path (no metadata at compiled PIECEWISE capture): once a PIECEWISE graph has
     replayed after the prompt, every sconv/compressor state is exactly what the eager prefill left
     (never written) and the output diverges from eager; with attention (and linear attention) only,
     nothing diverges."""
-    config = ToyConfig(layers=tuple(layers), hidden_size=16, num_heads=2, vocab_size=32, block_size=4,
-                       max_num_reqs=len(prompts), max_model_len=(MAX_STEPS + 2) * MAX_QUERY,
-                       num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4, seed=seed)
+    config = ToyConfig(
+        layers=tuple(layers),
+        hidden_size=16,
+        num_heads=2,
+        vocab_size=32,
+        block_size=4,
+        max_num_reqs=len(prompts),
+        max_model_len=(MAX_STEPS + 2) * MAX_QUERY,
+        num_blocks=MAX_REQS * (MAX_STEPS + 2) * MAX_QUERY // 4,
+        seed=seed,
+    )
     runner = ModelRunner(config, CompilationConfig("piecewise", tuple(capture_sizes), legacy_skip_attn=True))
     reference = ModelRunner(config, "none")
     for i, n in enumerate(prompts):

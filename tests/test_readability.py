@@ -24,10 +24,19 @@ def _markdown_cells(name: str) -> list[str]:
 
 
 def test_sentences_end_at_stops_and_blocks_not_at_colons_or_dots_in_code() -> None:
-    text = ("# A title\n\nOne: two; three. Four (`torch.compile`, 0.4) five!\n- an item, [a link](x.md)\n"
-            "- a second item. With two sentences.)\n\n```\nnot. prose.\n```\nLast")
-    assert sentences(text) == ["A title", "One: two; three.", "Four (`torch.compile`, 0.4) five!", "an item, a link",
-                               "a second item.", "With two sentences.)", "Last"]
+    text = (
+        "# A title\n\nOne: two; three. Four (`torch.compile`, 0.4) five!\n- an item, [a link](x.md)\n"
+        "- a second item. With two sentences.)\n\n```\nnot. prose.\n```\nLast"
+    )
+    assert sentences(text) == [
+        "A title",
+        "One: two; three.",
+        "Four (`torch.compile`, 0.4) five!",
+        "an item, a link",
+        "a second item.",
+        "With two sentences.)",
+        "Last",
+    ]
 
 
 @pytest.mark.parametrize("name", SHORT_PROSE + SHORT_DOCS)
@@ -42,8 +51,14 @@ def test_no_sentence_over_30_words(name: str) -> None:
 CODE_PATH = re.compile(r"cglab/[\w/]+\.py")
 NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
 # The box's promise: the three files of the mechanism, then the runner, then what to skip.
-BOX_FILES = {"cglab/cudagraph_utils.py", "cglab/layers/sconv.py", "cglab/compilation/cuda_graph.py",
-             "cglab/runner.py", "cglab/graphs/sim.py", "cglab/__init__.py"}
+BOX_FILES = {
+    "cglab/cudagraph_utils.py",
+    "cglab/layers/sconv.py",
+    "cglab/compilation/cuda_graph.py",
+    "cglab/runner.py",
+    "cglab/graphs/sim.py",
+    "cglab/__init__.py",
+}
 
 
 def _definitions(path: Path) -> set[str]:
@@ -96,7 +111,12 @@ def test_read_the_code_points_at_files_and_functions_that_exist(name: str) -> No
 def test_stale_references_sees_a_renamed_function_and_a_vanished_line(tmp_path: Path) -> None:
     (tmp_path / "cglab").mkdir()
     (tmp_path / "cglab" / "a.py").write_text("class K:\n    def run(self):\n        if x is None:\n            pass\n")
-    box = ("1. `cglab/a.py`: `K.run`, whose `if x is None:` guard.\n2. `cglab/a.py`: `K.walk`, `if y:`.\n\n"
-           "Then `cglab/b.py`.")
-    assert stale_references(box, tmp_path) == ["`K.walk` is not in ['cglab/a.py']", "`if y:` is not in ['cglab/a.py']",
-                                               "no file cglab/b.py"]
+    box = (
+        "1. `cglab/a.py`: `K.run`, whose `if x is None:` guard.\n2. `cglab/a.py`: `K.walk`, `if y:`.\n\n"
+        "Then `cglab/b.py`."
+    )
+    assert stale_references(box, tmp_path) == [
+        "`K.walk` is not in ['cglab/a.py']",
+        "`if y:` is not in ['cglab/a.py']",
+        "no file cglab/b.py",
+    ]

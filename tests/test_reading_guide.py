@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _code_lines(path: Path) -> int:
     files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
     skip = {"caching.py"}  # compilation/caching.py is listed under "skip"
-    return sum(1 for f in files if f.name not in skip
-               for line in f.read_text().splitlines() if line.strip() and not line.strip().startswith("#"))
+    return sum(
+        1
+        for f in files
+        if f.name not in skip
+        for line in f.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    )
 
 
 def _table() -> list[tuple[str, int]]:

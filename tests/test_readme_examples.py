@@ -18,8 +18,10 @@ def test_every_readme_repro_example_has_an_expected_exit_status() -> None:
 
 
 def test_examples_are_read_across_continuation_lines_and_without_comments() -> None:
-    readme = ("intro\n## Headless\n```bash\n.venv/bin/python -m cglab repro --mode full   # a comment\n"
-              ".venv/bin/python -m cglab repro --layers a,b \\\n    --steps 3    # more\n"
-              "                                  # a comment line\n.venv/bin/python -m cglab repro --help\n"
-              "```\n## Next\n.venv/bin/python -m cglab repro --not-this\n")
+    readme = (
+        "intro\n## Headless\n```bash\n.venv/bin/python -m cglab repro --mode full   # a comment\n"
+        ".venv/bin/python -m cglab repro --layers a,b \\\n    --steps 3    # more\n"
+        "                                  # a comment line\n.venv/bin/python -m cglab repro --help\n"
+        "```\n## Next\n.venv/bin/python -m cglab repro --not-this\n"
+    )
     assert test_gpu.readme_repro_examples(readme) == ["--mode full", "--layers a,b --steps 3"]

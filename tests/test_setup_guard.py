@@ -45,8 +45,9 @@ def project(tmp_path: Path) -> Path:
 
 def _make(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
-    return subprocess.run(["make", "--no-print-directory", "-C", str(project), *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(project), *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def _stamped_venv(project: Path, python: str) -> None:

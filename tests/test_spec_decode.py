@@ -50,18 +50,34 @@ def _check_outputs_exact(result) -> None:
 DECODES = STEPS * (K - 1)
 FULL_REPLAYS = 2 * STEPS + (STEPS + PROMPTS) * (K - 1)
 FIXED_CASES = {
-    ("piecewise", "compiled", False): ({"piecewise": STEPS}, {"piecewise": STEPS}, {"none": DECODES},
-                                       {"piecewise": 2 * STEPS}),
-    ("piecewise", "breakable", False): ({"piecewise": STEPS}, {"piecewise": STEPS}, {"none": DECODES},
-                                        {"piecewise": 2 * STEPS}),
+    ("piecewise", "compiled", False): (
+        {"piecewise": STEPS},
+        {"piecewise": STEPS},
+        {"none": DECODES},
+        {"piecewise": 2 * STEPS},
+    ),
+    ("piecewise", "breakable", False): (
+        {"piecewise": STEPS},
+        {"piecewise": STEPS},
+        {"none": DECODES},
+        {"piecewise": 2 * STEPS},
+    ),
     ("full", "compiled", False): ({"full": STEPS}, {"full": STEPS}, {"full": DECODES}, {"full": FULL_REPLAYS}),
     # Uniform-decode FULL graphs exist for 3 and 6 tokens only (12 would take 4 requests, one more than
     # the pool): batches of 3 requests (9 tokens) fall back to PIECEWISE(12), target and draft prefill alike.
-    ("full_and_piecewise", "compiled", False): ({"full": 4, "piecewise": 2}, {"full": 4, "piecewise": 2},
-                                                {"full": DECODES}, {"full": FULL_REPLAYS - 4, "piecewise": 4}),
+    ("full_and_piecewise", "compiled", False): (
+        {"full": 4, "piecewise": 2},
+        {"full": 4, "piecewise": 2},
+        {"full": DECODES},
+        {"full": FULL_REPLAYS - 4, "piecewise": 4},
+    ),
     # Before the fix, breakable PIECEWISE and FULL captures got metadata: the drafter was safe there too.
-    ("piecewise", "breakable", True): ({"piecewise": STEPS}, {"piecewise": STEPS}, {"none": DECODES},
-                                       {"piecewise": 2 * STEPS}),
+    ("piecewise", "breakable", True): (
+        {"piecewise": STEPS},
+        {"piecewise": STEPS},
+        {"none": DECODES},
+        {"piecewise": 2 * STEPS},
+    ),
     ("full", "compiled", True): ({"full": STEPS}, {"full": STEPS}, {"full": DECODES}, {"full": FULL_REPLAYS}),
 }
 
@@ -119,8 +135,9 @@ def test_frozen_step_index_freezes_the_draft_column(device):
     prompt = [56, 26, 17, 26, 22, 2, 2, 63, 60]
     drafts = {}
     for frozen in (False, True):
-        runner = SpecDecodeRunner(config, CompilationConfig("full", (4, 8)), num_speculative_tokens=3,
-                                  frozen_step_index=frozen, device=device)
+        runner = SpecDecodeRunner(
+            config, CompilationConfig("full", (4, 8)), num_speculative_tokens=3, frozen_step_index=frozen, device=device
+        )
         runner.add_request("r", prompt)
         out = runner.step(["r"], eager=True)
         assert [d.cg_mode.value for d in out.draft_decode] == ["full", "full"]
@@ -199,8 +216,11 @@ def test_target_and_drafter_capture_the_sizes_model_runner_v2_captures():
     """vLLM's model runner v2 with K = 2 and sizes 1, 2, 4, 8: PIECEWISE graphs keep the sizes; FULL
     uniform-decode graphs round them up to multiples of 3 (9 is above the largest size, so 3 and 6).
     Draft decode verifies one token per request: its FULL graphs keep the sizes, up to max_num_reqs."""
-    runner = SpecDecodeRunner(ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48),
-                              CompilationConfig("full_and_piecewise", (1, 2, 4, 8)), num_speculative_tokens=2)
+    runner = SpecDecodeRunner(
+        ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48),
+        CompilationConfig("full_and_piecewise", (1, 2, 4, 8)),
+        num_speculative_tokens=2,
+    )
     pw, full = CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
     assert runner.target.cudagraph_manager.captured_sizes == {pw: [1, 2, 4, 8], full: [3, 6]}
     assert runner.speculator.prefill_manager.captured_sizes == {pw: [1, 2, 4, 8], full: [3, 6]}
@@ -245,13 +265,16 @@ def test_the_most_speculative_tokens_the_toy_allows_run(device):
     assert legacy.lost_acceptance
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"num_speculative_tokens": 0}, "nothing to draft"),
-    ({"num_speculative_tokens": -1}, "at least 0"),
-    ({"num_speculative_tokens": 17}, "above 16, the most the toy drafts per step"),
-    ({"num_speculative_tokens": 2, "frozen_step_index": "yes"}, "True or False"),
-    ({"num_speculative_tokens": 2, "draft_layers": "attn,mamba"}, "unknown layer kind"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_speculative_tokens": 0}, "nothing to draft"),
+        ({"num_speculative_tokens": -1}, "at least 0"),
+        ({"num_speculative_tokens": 17}, "above 16, the most the toy drafts per step"),
+        ({"num_speculative_tokens": 2, "frozen_step_index": "yes"}, "True or False"),
+        ({"num_speculative_tokens": 2, "draft_layers": "attn,mamba"}, "unknown layer kind"),
+    ],
+)
 def test_bad_speculative_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         SpecDecodeRunner(ToyConfig(max_model_len=48), "none", **kwargs)
@@ -279,36 +302,61 @@ def test_bad_requests_in_a_step_are_refused():
         runner.step(["a"], drafts={"a": [1, 2]})  # its first step runs its prompt
     runner.add_request("d", [4, 5])
     runner.step(["a", "d"])
-    for drafts, message in (({"a": [1]}, "got 1 drafts, but every verification step checks num_speculative_tokens "
-                                         "= 2; give exactly 2 token ids"),
-                            ({"a": [1, 2, 3]}, "got 3 drafts"), ({"b": [1, 2]}, "request 'b', which this step does"),
-                            ({"d": [1, 2]}, r"request 'd', which this step does not verify \(not scheduled"),
-                            ([1, 2], "drafts must be a dict"), ({"a": "12"}, "list of token ids"),
-                            ({"a": [1, 64]}, "outside the vocabulary")):
+    for drafts, message in (
+        (
+            {"a": [1]},
+            "got 1 drafts, but every verification step checks num_speculative_tokens = 2; give exactly 2 token ids",
+        ),
+        ({"a": [1, 2, 3]}, "got 3 drafts"),
+        ({"b": [1, 2]}, "request 'b', which this step does"),
+        ({"d": [1, 2]}, r"request 'd', which this step does not verify \(not scheduled"),
+        ([1, 2], "drafts must be a dict"),
+        ({"a": "12"}, "list of token ids"),
+        ({"a": [1, 64]}, "outside the vocabulary"),
+    ):
         with pytest.raises(ConfigError, match=message):
             runner.step(["a"], drafts=drafts)
     assert runner.step(["a"], drafts={"a": [1, 2]}).num_drafts == [2]  # the refusals left the runner as it was
 
 
 def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2, legacy: bool = False) -> ReproResult:
-    result = ReproResult("piecewise", "compiled", legacy, "attn,attn", "sim", {}, len(tokens_per_step), 0, {}, 0.0,
-                         False, None, num_speculative_tokens=k, acceptance_rate=acceptance,
-                         reference_acceptance_rate=0.75)
+    result = ReproResult(
+        "piecewise",
+        "compiled",
+        legacy,
+        "attn,attn",
+        "sim",
+        {},
+        len(tokens_per_step),
+        0,
+        {},
+        0.0,
+        False,
+        None,
+        num_speculative_tokens=k,
+        acceptance_rate=acceptance,
+        reference_acceptance_rate=0.75,
+    )
     result.tokens_per_step, result.reference_tokens_per_step = tokens_per_step, [2.5, 2.5, 2.0]
     return result
 
 
 def test_tokens_per_step_plot_draws_every_run_against_the_eager_drafter():
-    results = {"fixed": _spec_result([2.5, 2.5, 2.0], 0.75),
-               "legacy": _spec_result([1.0, 1.5, 1.0], 0.125, legacy=True)}
+    results = {
+        "fixed": _spec_result([2.5, 2.5, 2.0], 0.75),
+        "legacy": _spec_result([1.0, 1.5, 1.0], 0.125, legacy=True),
+    }
     ax = plot_tokens_per_step(results)
     colors = {line.get_label().split(":")[0]: line.get_color() for line in ax.get_lines()}
     assert (colors["fixed"], colors["legacy"]) == ("tab:blue", "tab:red")  # as in every picture of the suite
-    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()
-             if not line.get_label().startswith("_")}
-    assert lines == {"eager drafter (reference): 2.33 tokens/step": [2.5, 2.5, 2.0],
-                     "fixed: 2.33 tokens/step, acceptance 0.75": [2.5, 2.5, 2.0],
-                     "legacy: 1.17 tokens/step, acceptance 0.12": [1.0, 1.5, 1.0]}
+    lines = {
+        line.get_label(): list(line.get_ydata()) for line in ax.get_lines() if not line.get_label().startswith("_")
+    }
+    assert lines == {
+        "eager drafter (reference): 2.33 tokens/step": [2.5, 2.5, 2.0],
+        "fixed: 2.33 tokens/step, acceptance 0.75": [2.5, 2.5, 2.0],
+        "legacy: 1.17 tokens/step, acceptance 0.12": [1.0, 1.5, 1.0],
+    }
     bounds = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_label().startswith("_"))
     assert bounds == [1, 3]  # no speculation, and every one of the K = 2 drafts accepted
     assert "2 speculative tokens" in ax.get_title()
@@ -317,7 +365,8 @@ def test_tokens_per_step_plot_draws_every_run_against_the_eager_drafter():
 
 def test_tokens_per_step_plot_refuses_runs_it_cannot_compare():
     with pytest.raises(ConfigError, match="needs speculative decoding results"):
-        plot_tokens_per_step({"plain": ReproResult("full", "compiled", False, "attn", "sim", {}, 1, 0, {}, 0.0, False,
-                                                   None)})
+        plot_tokens_per_step(
+            {"plain": ReproResult("full", "compiled", False, "attn", "sim", {}, 1, 0, {}, 0.0, False, None)}
+        )
     with pytest.raises(ConfigError, match="different numbers of speculative tokens"):
         plot_tokens_per_step({"k2": _spec_result([1.0], 0.1), "k3": _spec_result([1.0], 0.1, k=3)})

@@ -16,8 +16,9 @@ from cglab.layers.sconv import short_conv
 @pytest.mark.parametrize("mode", ["full", "piecewise", "none"])
 def test_step_logits_survive_the_next_step(device: str, mode: str) -> None:
     """A graph rewrites its static output at every replay: ``step()`` must return a copy of it."""
-    runner = ModelRunner(ToyConfig(layers=("sconv", "attn"), max_num_reqs=2), CompilationConfig(mode, (1, 2)),
-                         device=device)
+    runner = ModelRunner(
+        ToyConfig(layers=("sconv", "attn"), max_num_reqs=2), CompilationConfig(mode, (1, 2)), device=device
+    )
     runner.add_request("a")
     runner.step({"a": [1, 2, 3]}, eager=True)
     first = runner.step({"a": [4]})

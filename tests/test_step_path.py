@@ -84,5 +84,10 @@ def test_the_address_check_adds_only_the_reads_of_the_caches() -> None:
     _, plain = _piecewise_step("piecewise")
     _, checked = _piecewise_step("piecewise", check_addresses=True)
     added = checked - plain
-    assert {callee for _, callee in added} <= {"cudagraph_utils.py", "model.py", "layers/attention.py",
-                                               "layers/sconv.py", "layers/compressor.py"}, added
+    assert {callee for _, callee in added} <= {
+        "cudagraph_utils.py",
+        "model.py",
+        "layers/attention.py",
+        "layers/sconv.py",
+        "layers/compressor.py",
+    }, added

@@ -30,7 +30,9 @@ def test_python_guards_freeze_the_profiling_branch_under_torch_compile(device, m
     assert result.max_abs_diff > 0.05  # not rounding: two layers' whole contribution is missing
     stateful = {name: d for name, d in result.state_diffs.items() if "sconv" in name or "compressor" in name}
     assert len(stateful) == 3 and min(stateful.values()) > 0.05  # every state cache of theirs, never written
-    assert max(d for name, d in result.state_diffs.items() if name not in stateful) > 0.05  # and attention's, downstream
+    assert (
+        max(d for name, d in result.state_diffs.items() if name not in stateful) > 0.05
+    )  # and attention's, downstream
 
 
 def test_the_trace_drops_the_guarded_ops(device):
@@ -44,8 +46,7 @@ def test_the_trace_drops_the_guarded_ops(device):
 
 def test_eager_steps_of_the_compiled_model_are_frozen_too(device):
     """A batch above every capture size runs eagerly, but through the compiled model: frozen as well."""
-    result = run_repro("piecewise", python_guards=True, capture_sizes=(1, 2), batch_sizes=(8,), steps=3,
-                       device=device)
+    result = run_repro("piecewise", python_guards=True, capture_sizes=(1, 2), batch_sizes=(8,), steps=3, device=device)
     assert result.steps_by_mode == {"none": 3}
     assert result.max_abs_diff > 0.05 and result.state_diverged
 
@@ -55,8 +56,15 @@ def test_eager_steps_of_the_compiled_model_are_frozen_too(device):
 def test_breakable_graphs_ask_the_python_guard_at_capture(device, mode, legacy, replays):
     """No dynamo: the guard runs at capture, where metadata is present (before the fix too), and every
     layer records its kernels: Inkling's case, which vLLM runs on breakable graphs (vLLM PR #48822)."""
-    result = run_repro(mode, piecewise_flavor="breakable", legacy_skip_attn=legacy, python_guards=True,
-                       prefill_chunk=4, steps=12, device=device)
+    result = run_repro(
+        mode,
+        piecewise_flavor="breakable",
+        legacy_skip_attn=legacy,
+        python_guards=True,
+        prefill_chunk=4,
+        steps=12,
+        device=device,
+    )
     assert result.error is None
     assert result.max_abs_diff < result.tolerance and not result.state_diverged
     assert result.steps_by_mode.get("piecewise", 0) > 0 and replays["piecewise"] == result.steps_by_mode["piecewise"]

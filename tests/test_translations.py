@@ -57,6 +57,7 @@ def test_every_po_entry_records_the_hash_of_its_english(doc) -> None:
 
 # --- the break a maintainer meets: an English cell edited, its translation not ----------------------------------
 
+
 @pytest.fixture
 def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of every English file and PO file the generator reads, which it then reads instead."""
@@ -81,9 +82,11 @@ def test_an_english_cell_edited_alone_fails_with_the_cell_and_the_command(scratc
     doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
     _edit_notebook_cell(scratch / doc.source, "e23519aa", "16 decode steps", "12 decode steps")
     _, problems = translations.build(doc)
-    assert problems == [f"{doc.source} cell e23519aa: changed since it was translated; run `.venv/bin/python "
-                        f"tools/translations.py update`, translate the entries it marks fuzzy or leaves empty in "
-                        f"{doc.po}, then `make zh`"]
+    assert problems == [
+        f"{doc.source} cell e23519aa: changed since it was translated; run `.venv/bin/python "
+        f"tools/translations.py update`, translate the entries it marks fuzzy or leaves empty in "
+        f"{doc.po}, then `make zh`"
+    ]
     assert translations.main(["check"]) == 1
 
     notes = translations.update(doc)  # keeps the old translation as a start, flags it, shows the old English
@@ -104,8 +107,10 @@ def test_an_english_cell_edited_alone_fails_with_the_cell_and_the_command(scratc
 def test_an_edited_markdown_paragraph_keeps_its_translation_as_a_fuzzy_start(scratch: Path) -> None:
     doc = next(d for d in DOCUMENTS if d.source.endswith("handout.md"))
     path = scratch / doc.source
-    path.write_text(path.read_text(encoding="utf-8").replace("wrong outputs, no error.", "wrong outputs, no error!"),
-                    encoding="utf-8")
+    path.write_text(
+        path.read_text(encoding="utf-8").replace("wrong outputs, no error.", "wrong outputs, no error!"),
+        encoding="utf-8",
+    )
     _, problems = translations.build(doc)
     assert len(problems) == 1 and problems[0].startswith(f"{doc.source} line 3 ('**The bug in two sentences.**")
     notes = translations.update(doc)
@@ -127,6 +132,7 @@ def test_a_new_english_cell_is_an_empty_entry_and_the_rest_stays(scratch: Path) 
 
 # --- the pieces --------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("doc", [d for d in DOCUMENTS if not d.is_notebook], ids=lambda d: d.source)
 def test_markdown_units_put_the_file_back_together(doc) -> None:
     text = (ROOT / doc.source).read_text(encoding="utf-8")
@@ -140,28 +146,38 @@ def test_lint_names_a_lost_marker_code_span_or_link() -> None:
     english = "- **Run** `make zh` ([CONTRIBUTING](../CONTRIBUTING.md#x))."
     assert translations.lint(english, "- **运行** `make zh`（[说明](../CONTRIBUTING.md)）。") == []
     assert translations.lint(english, "**运行** make zh。") == [
-        "does not start with '- ' as the English does", "lost `make zh`, link (../CONTRIBUTING.md#x)"]
+        "does not start with '- ' as the English does",
+        "lost `make zh`, link (../CONTRIBUTING.md#x)",
+    ]
 
 
 def test_links_lead_to_the_translation_or_back_to_the_english_file() -> None:
     doc = next(d for d in DOCUMENTS if d.source.endswith("answers.md"))
     text = "[guide](../../notebooks/FACILITATOR.md), [laptops](../LAPTOPS.md), [pr](https://x.org/a.md), [top](#a)"
-    assert translations.relink(text, doc) == "[guide](FACILITATOR.md), [laptops](../../docs/LAPTOPS.md), " \
-                                              "[pr](https://x.org/a.md), [top](#a)"
+    assert (
+        translations.relink(text, doc) == "[guide](FACILITATOR.md), [laptops](../../docs/LAPTOPS.md), "
+        "[pr](https://x.org/a.md), [top](#a)"
+    )
     notebook = next(d for d in DOCUMENTS if d.source.endswith("00b_express.ipynb"))
-    assert translations.relink("[g](00_welcome.ipynb#Glossary) [w](00_welcome.ipynb#How-to-run-it)", notebook) == \
-        "[g](00_glossary.ipynb) [w](../00_welcome.ipynb#How-to-run-it)"
+    assert (
+        translations.relink("[g](00_welcome.ipynb#Glossary) [w](00_welcome.ipynb#How-to-run-it)", notebook)
+        == "[g](00_glossary.ipynb) [w](../00_welcome.ipynb#How-to-run-it)"
+    )
 
 
 # --- the generated files, as a reader meets them ------------------------------------------------------------------
+
 
 def _texts(doc) -> list[str]:
     """The Markdown a reader of the translation sees: a notebook's markdown cells, or the whole file."""
     path = ROOT / doc.target
     if not doc.is_notebook:
         return [path.read_text(encoding="utf-8")]
-    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
-            if c["cell_type"] == "markdown"]
+    return [
+        "".join(c["source"])
+        for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+        if c["cell_type"] == "markdown"
+    ]
 
 
 @by_document
@@ -179,18 +195,30 @@ def test_the_translation_is_chinese_and_every_pr_is_a_link_at_its_first_mention(
     first: dict[str, int] = {}
     for match in re.finditer(r"#(\d{5})\b", text):
         first.setdefault(match.group(1), match.start())
-    unlinked = [n for n, at in first.items()
-                if not any(start <= at < end and url.endswith(f"/{n}") for start, end, url in links)]
+    unlinked = [
+        n
+        for n, at in first.items()
+        if not any(start <= at < end and url.endswith(f"/{n}") for start, end, url in links)
+    ]
     if not doc.source.endswith("handout.md"):  # the printed handout names PRs unlinked, as the English one does
         assert not unlinked, f"{doc.target}: the first mention of these PRs is not a link to them: {unlinked}"
 
 
 def test_the_glossary_uses_the_digests_words() -> None:
     glossary = "\n".join(_texts(next(d for d in DOCUMENTS if d.target.endswith("00_glossary.ipynb"))))
-    pairs = [("CUDA graph", "CUDA 图"), ("capture", "捕获"), ("replay", "重放"), ("Attention metadata", "注意力元数据"),
-             ("attention-like op", "注意力类似操作"), ("Speculative decoding", "推测解码")]
-    missing = [f"{english} / {chinese}" for english, chinese in pairs
-               if not re.search(rf"{re.escape(english)}（{re.escape(chinese)}）", glossary)]
+    pairs = [
+        ("CUDA graph", "CUDA 图"),
+        ("capture", "捕获"),
+        ("replay", "重放"),
+        ("Attention metadata", "注意力元数据"),
+        ("attention-like op", "注意力类似操作"),
+        ("Speculative decoding", "推测解码"),
+    ]
+    missing = [
+        f"{english} / {chinese}"
+        for english, chinese in pairs
+        if not re.search(rf"{re.escape(english)}（{re.escape(chinese)}）", glossary)
+    ]
     kept = ["FULL", "PIECEWISE", "`for_capture=True`", "Profiling run", "splitting ops"]
     missing += [term for term in kept if term not in glossary]
     assert not missing, f"the Chinese glossary lacks: {missing}"
@@ -203,8 +231,13 @@ SECTION_REF = re.compile(r"(?<![\w#-])(0[0-6]b?)(?: [^*，\n]{0,30}?)?(?:\*\*)?[
 
 def _headings(path: Path) -> list[str]:
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return [line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
-            for line in "".join(c["source"]).splitlines() if line.startswith("#")]
+    return [
+        line.lstrip("#").strip()
+        for c in cells
+        if c["cell_type"] == "markdown"
+        for line in "".join(c["source"]).splitlines()
+        if line.startswith("#")
+    ]
 
 
 @pytest.mark.parametrize("doc", [d for d in DOCUMENTS if not d.is_notebook], ids=lambda d: d.target)
@@ -231,9 +264,23 @@ def test_the_chinese_handout_fits_one_a4_page() -> None:
 
 # --- the Chinese notebooks are not run or counted a second time ---------------------------------------------------
 
+
 def test_nbval_and_the_word_cap_leave_the_chinese_notebooks_out() -> None:
-    shown = subprocess.run(["make", "-s", "--no-print-directory", "--eval", "show-%: ; @echo $($*)",
-                            "show-NOTEBOOKS", "show-ZH_NOTEBOOKS"], cwd=ROOT, capture_output=True, text=True, check=True)
+    shown = subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "--eval",
+            "show-%: ; @echo $($*)",
+            "show-NOTEBOOKS",
+            "show-ZH_NOTEBOOKS",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     notebooks, chinese = shown.stdout.splitlines()
     assert "notebooks/00b_express.ipynb" in notebooks.split() and "notebooks/zh/" not in notebooks
     assert sorted(chinese.split()) == sorted(d.target for d in DOCUMENTS if d.is_notebook)

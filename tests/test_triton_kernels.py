@@ -33,11 +33,16 @@ from cglab.layers import compressor, linear_attention, short_conv, unified_atten
 from cglab.metadata import LazyPlanAttentionMetadataBuilder, build_attn_groups  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: these run on a GPU machine, or on the CPU "
-                                              "under Triton's interpreter once triton is importable"),
-    pytest.mark.skipif(HAS_TRITON and not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
-                       reason="triton was imported before this file could set TRITON_INTERPRET=1; run it with "
-                              "TRITON_INTERPRET=1 in the environment"),
+    pytest.mark.skipif(
+        not HAS_TRITON,
+        reason="triton is not installed: these run on a GPU machine, or on the CPU "
+        "under Triton's interpreter once triton is importable",
+    ),
+    pytest.mark.skipif(
+        HAS_TRITON and not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+        reason="triton was imported before this file could set TRITON_INTERPRET=1; run it with "
+        "TRITON_INTERPRET=1 in the environment",
+    ),
 ]
 LAST_ROW = lambda cache: cache[-1]  # noqa: E731  (the spare row of a [slots + 1, hidden] cache)
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -88,8 +93,9 @@ def _metadata(config: ToyConfig, batch: Batch, kind: str, builders: dict | None 
     """The name and metadata of the layer of ``kind`` for ``batch``, through the engine's own buffers and
     builders; each request's blocks are scattered over the cache (a shuffled pool), as a real block table is."""
     buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, DEVICE)
-    tables = BlockTables(config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens,
-                         DEVICE)
+    tables = BlockTables(
+        config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens, DEVICE
+    )
     name = config.layer_names[config.layers.index(kind)]
     groups = build_attn_groups(config, DEVICE, builders, layers=[(name, kind)])
     if batch.dummy:
@@ -97,13 +103,20 @@ def _metadata(config: ToyConfig, batch: Batch, kind: str, builders: dict | None 
         table = tables.write_block_tables([], batch.reqs)
         mapping = tables.get_dummy_slot_mappings(batch.tokens)
     else:
-        input_batch = InputBatch.prepare(batch.query_lens, batch.seq_lens, [1] * sum(batch.query_lens), buffers,
-                                         batch.tokens, batch.reqs)
-        pool, bs = torch.randperm(config.num_blocks, generator=torch.Generator().manual_seed(7)).tolist(), config.block_size
+        input_batch = InputBatch.prepare(
+            batch.query_lens, batch.seq_lens, [1] * sum(batch.query_lens), buffers, batch.tokens, batch.reqs
+        )
+        pool, bs = (
+            torch.randperm(config.num_blocks, generator=torch.Generator().manual_seed(7)).tolist(),
+            config.block_size,
+        )
         blocks = [[pool.pop() for _ in range(-(-s // bs))] for s in batch.seq_lens]
         table = tables.write_block_tables(blocks, batch.reqs)
-        slots = [blocks[r][p // bs] * bs + p % bs for r, (q, s) in enumerate(zip(batch.query_lens, batch.seq_lens))
-                 for p in range(s - q, s)]
+        slots = [
+            blocks[r][p // bs] * bs + p % bs
+            for r, (q, s) in enumerate(zip(batch.query_lens, batch.seq_lens))
+            for p in range(s - q, s)
+        ]
         mapping = tables.write_slot_mappings(slots, batch.tokens)
     try:
         return name, prepare_attn(input_batch, table, mapping, groups, for_capture=batch.for_capture)[name]
@@ -117,8 +130,14 @@ def _cache(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> 
     return torch.randn((shape[0] + 1, *shape[1:]), generator=gen).to(dtype).to(DEVICE)[1:]
 
 
-def _run_both(op: Callable[..., None], layer: str, md: object, args: list[object], output: int,
-              caches: dict[int, Callable[..., torch.Tensor]]) -> tuple[list[object], list[object]]:
+def _run_both(
+    op: Callable[..., None],
+    layer: str,
+    md: object,
+    args: list[object],
+    output: int,
+    caches: dict[int, Callable[..., torch.Tensor]],
+) -> tuple[list[object], list[object]]:
     """Run ``op`` with the aten body and with the Triton kernel, each on its own copy of the tensors it
     writes (``output`` and ``caches``, argument indices); returns both runs' arguments. ``caches`` maps
     to each cache's spare row (``LAST_ROW``), which the Triton run must leave untouched, as the canary
@@ -165,8 +184,9 @@ def test_unified_attention_matches_aten(config: str, batch: str, dtype: torch.dt
     q, k, v = _randn(gen, dtype, step.tokens, 3, toy.num_heads, toy.head_dim).unbind(1)  # strided, as the layer
     kv_cache = _cache((2, toy.num_blocks + 1, toy.block_size, toy.num_heads, toy.head_dim), dtype, gen)
     out = torch.empty_like(q)
-    aten, triton = _run_both(unified_attention, name, md, [q, k, v, out, kv_cache, name, False],
-                             3, {4: lambda c: c[:, -1]})
+    aten, triton = _run_both(
+        unified_attention, name, md, [q, k, v, out, kv_cache, name, False], 3, {4: lambda c: c[:, -1]}
+    )
     _close(triton[3], aten[3], "output")
     assert torch.equal(triton[4][:, :-1], aten[4][:, :-1]), "the KV cache differs"
 
@@ -180,8 +200,9 @@ def test_unified_attention_follows_a_stale_plan() -> None:
     gen = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(4, 3, toy.num_heads, toy.head_dim, generator=gen).to(DEVICE).unbind(1)
     kv_cache = _cache((2, toy.num_blocks + 1, toy.block_size, toy.num_heads, toy.head_dim), torch.float32, gen)
-    aten, triton = _run_both(unified_attention, name, md, [q, k, v, torch.empty_like(q), kv_cache, name, False], 3,
-                             {4: lambda c: c[:, -1]})
+    aten, triton = _run_both(
+        unified_attention, name, md, [q, k, v, torch.empty_like(q), kv_cache, name, False], 3, {4: lambda c: c[:, -1]}
+    )
     _close(triton[3], aten[3], "output")
 
 
@@ -191,8 +212,9 @@ def test_short_conv_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
     x = _randn(gen, dtype, step.tokens, toy.hidden_size)
     conv_state = _cache((toy.num_slots + 1, toy.hidden_size), dtype, gen)
     weight = _randn(gen, dtype, toy.sconv_kernel_size, toy.hidden_size)
-    aten, triton = _run_both(short_conv, name, md, [x, torch.empty_like(x), conv_state, weight, name, False], 1,
-                             {2: LAST_ROW})
+    aten, triton = _run_both(
+        short_conv, name, md, [x, torch.empty_like(x), conv_state, weight, name, False], 1, {2: LAST_ROW}
+    )
     _close(triton[1], aten[1], "output")
     assert torch.equal(triton[2][:-1], aten[2][:-1]), "the conv state differs"
 
@@ -205,8 +227,14 @@ def test_compressor_matches_aten(config: str, batch: str, dtype: torch.dtype) ->
     state_cache = _cache((toy.num_slots + 1, toy.hidden_size), dtype, gen)
     compressed_cache = _cache((entries + 1, toy.hidden_size), dtype, gen)
     pool_logits = _randn(gen, dtype, toy.compress_ratio)
-    aten, triton = _run_both(compressor, name, md, [kv, torch.empty_like(kv), state_cache, compressed_cache,
-                                                    pool_logits, name, False], 1, {2: LAST_ROW, 3: LAST_ROW})
+    aten, triton = _run_both(
+        compressor,
+        name,
+        md,
+        [kv, torch.empty_like(kv), state_cache, compressed_cache, pool_logits, name, False],
+        1,
+        {2: LAST_ROW, 3: LAST_ROW},
+    )
     _close(triton[1], aten[1], "output")
     assert torch.equal(triton[2][:-1], aten[2][:-1]), "the state cache differs"
     _close(triton[3][:-1], aten[3][:-1], "the compressed cache")
@@ -218,8 +246,9 @@ def test_linear_attention_matches_aten(config: str, batch: str, dtype: torch.dty
     q, k, v = _randn(gen, dtype, step.tokens, 3, toy.num_heads, toy.head_dim).unbind(1)
     decay = torch.sigmoid(torch.randn(toy.num_heads, generator=gen) + 2).to(dtype).to(DEVICE)
     state_cache = _cache((toy.num_blocks + 1, toy.num_heads, toy.head_dim, toy.head_dim), dtype, gen)
-    aten, triton = _run_both(linear_attention, name, md, [q, k, v, decay, torch.empty_like(q), state_cache, name], 4,
-                             {5: LAST_ROW})
+    aten, triton = _run_both(
+        linear_attention, name, md, [q, k, v, decay, torch.empty_like(q), state_cache, name], 4, {5: LAST_ROW}
+    )
     _close(triton[4], aten[4], "output")
     _close(triton[5][:-1], aten[5][:-1], "the state cache")
 

@@ -29,8 +29,20 @@ ABOVE, BELOW = 2.0**-12, 2.0**-14  # 2.4e-4 and 6.1e-5, on either side of float3
 
 def _result(**fields: object) -> ReproResult:
     """A completed PIECEWISE run that matched eager; ``fields`` change it."""
-    base = ReproResult("piecewise", "compiled", False, "sconv,attn", "sim", {"piecewise": [1, 2]}, 4, 0,
-                       {"piecewise": 4}, 0.0, False, None)
+    base = ReproResult(
+        "piecewise",
+        "compiled",
+        False,
+        "sconv,attn",
+        "sim",
+        {"piecewise": [1, 2]},
+        4,
+        0,
+        {"piecewise": 4},
+        0.0,
+        False,
+        None,
+    )
     return replace(base, **fields)
 
 
@@ -50,25 +62,31 @@ def test_the_tolerance_is_float32_rounding_and_no_more() -> None:
     assert ReproResult.__dataclass_fields__["tolerance"].default == 1e-4
 
 
-@pytest.mark.parametrize(("diff", "tol", "diverged"), [
-    (1e-4, 1e-4, False),  # at the tolerance: rounding
-    (1.0001e-4, 1e-4, True),  # just above it: divergence
-    (1e-3, 1e-4, True),
-    (1e-3, 5e-2, False),  # the result's own tolerance decides (bfloat16 here), not a constant
-    (None, 1e-4, False),  # no step compared (capture failed): no divergence claimed
-])
+@pytest.mark.parametrize(
+    ("diff", "tol", "diverged"),
+    [
+        (1e-4, 1e-4, False),  # at the tolerance: rounding
+        (1.0001e-4, 1e-4, True),  # just above it: divergence
+        (1e-3, 1e-4, True),
+        (1e-3, 5e-2, False),  # the result's own tolerance decides (bfloat16 here), not a constant
+        (None, 1e-4, False),  # no step compared (capture failed): no divergence claimed
+    ],
+)
 def test_the_logits_verdict_uses_the_results_tolerance(diff: float | None, tol: float, diverged: bool) -> None:
     assert _result(max_abs_diff=diff, tolerance=tol).diverged is diverged
 
 
-@pytest.mark.parametrize(("fields", "diverged"), [
-    ({}, False),
-    ({"max_abs_diff": 0.3}, True),  # the logits of some step
-    ({"state_diverged": True}, True),  # a cache after the last step, with exact logits
-    ({"outputs_identical": False}, True),  # speculative decoding: the generated tokens
-    ({"outputs_identical": True}, False),
-    ({"state_diverged": None}, False),  # not compared
-])
+@pytest.mark.parametrize(
+    ("fields", "diverged"),
+    [
+        ({}, False),
+        ({"max_abs_diff": 0.3}, True),  # the logits of some step
+        ({"state_diverged": True}, True),  # a cache after the last step, with exact logits
+        ({"outputs_identical": False}, True),  # speculative decoding: the generated tokens
+        ({"outputs_identical": True}, False),
+        ({"state_diverged": None}, False),  # not compared
+    ],
+)
 def test_diverged_means_the_logits_or_any_cache_or_the_tokens(fields: dict, diverged: bool) -> None:
     assert _result(**fields).diverged is diverged
 
@@ -105,8 +123,10 @@ def test_state_verdict_compares_every_cache_with_the_tolerance() -> None:
 def test_acceptance_rate_counts_draft_tokens_not_requests() -> None:
     """Two steps with K = 2 drafts per request: 2 + 0 + 1 and then 2 accepted of 3 * 2 + 1 * 2 verified.
     Per request it would read 5 / 4 = 1.25: more drafts accepted than proposed."""
-    steps = [SimpleNamespace(num_drafts=[2, 2, 2], num_accepted=[2, 0, 1]),
-             SimpleNamespace(num_drafts=[2], num_accepted=[2])]
+    steps = [
+        SimpleNamespace(num_drafts=[2, 2, 2], num_accepted=[2, 0, 1]),
+        SimpleNamespace(num_drafts=[2], num_accepted=[2]),
+    ]
     assert acceptance_rate(steps) == 5 / 8
     assert acceptance_rate([SimpleNamespace(num_drafts=[0, 2], num_accepted=[0, 1])]) == 1 / 2  # a prompt step
     assert acceptance_rate([SimpleNamespace(num_drafts=[0], num_accepted=[0])]) is None  # nothing verified
@@ -117,26 +137,48 @@ def test_acceptance_rates_of_a_run_agree_with_its_tokens_per_step() -> None:
     """In a run every request verifies K drafts a step and gains its accepted drafts plus one token, so
     the rate is (tokens gained - requests) / (K * requests), summed over the steps."""
     k, batch_sizes, steps = 2, (1, 2, 3), 6
-    result = run_spec_repro("piecewise", legacy_skip_attn=True, layers="attn,attn", num_speculative_tokens=k,
-                            batch_sizes=batch_sizes, steps=steps, seed=5)
+    result = run_spec_repro(
+        "piecewise",
+        legacy_skip_attn=True,
+        layers="attn,attn",
+        num_speculative_tokens=k,
+        batch_sizes=batch_sizes,
+        steps=steps,
+        seed=5,
+    )
     sizes = [batch_sizes[i % len(batch_sizes)] for i in range(steps)]
-    for rate, per_step in ((result.acceptance_rate, result.tokens_per_step),
-                           (result.reference_acceptance_rate, result.reference_tokens_per_step)):
+    for rate, per_step in (
+        (result.acceptance_rate, result.tokens_per_step),
+        (result.reference_acceptance_rate, result.reference_tokens_per_step),
+    ):
         accepted = sum(round(n * (tokens - 1)) for n, tokens in zip(sizes, per_step))
         assert rate == accepted / (k * sum(sizes))
     assert result.acceptance_rate < result.reference_acceptance_rate and result.lost_acceptance
 
 
-@pytest.mark.parametrize(("runner", "reference", "lost"), [
-    (0.5, 0.75, True), (0.75, 0.75, False), (0.8, 0.75, False), (None, 0.75, False), (0.5, None, False),
-])
+@pytest.mark.parametrize(
+    ("runner", "reference", "lost"),
+    [
+        (0.5, 0.75, True),
+        (0.75, 0.75, False),
+        (0.8, 0.75, False),
+        (None, 0.75, False),
+        (0.5, None, False),
+    ],
+)
 def test_lost_acceptance_is_a_lower_rate_than_the_eager_drafters(runner, reference, lost) -> None:
     result = _result(num_speculative_tokens=2, acceptance_rate=runner, reference_acceptance_rate=reference)
     assert result.lost_acceptance is lost
 
 
-SPEC = {"num_speculative_tokens": 2, "acceptance_rate": 0.75, "reference_acceptance_rate": 0.75,
-        "outputs_identical": True, "tokens_per_step": [2.5], "reference_tokens_per_step": [2.5]}
+SPEC = {
+    "num_speculative_tokens": 2,
+    "acceptance_rate": 0.75,
+    "reference_acceptance_rate": 0.75,
+    "outputs_identical": True,
+    "tokens_per_step": [2.5],
+    "reference_tokens_per_step": [2.5],
+}
 CHECK_CASES = {  # what the run found -> --check's exit code
     "matches-eager": ({}, 0),
     "logits-diverged": ({"max_abs_diff": 0.3, "step_diffs": [0.3]}, 1),
@@ -152,8 +194,9 @@ CHECK_CASES = {  # what the run found -> --check's exit code
 
 @pytest.mark.parametrize("case", list(CHECK_CASES))
 @pytest.mark.parametrize("output", [["--json"], []], ids=["json", "human"])
-def test_check_exit_code_for_every_reason(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                          case: str, output: list[str]) -> None:
+def test_check_exit_code_for_every_reason(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str, output: list[str]
+) -> None:
     """``--check`` exits 1 for each reason README gives, and only with ``--check``: without it a
     completed run exits 0, whatever it found."""
     fields, code = CHECK_CASES[case]
@@ -172,8 +215,17 @@ def test_check_exit_code_for_every_reason(monkeypatch: pytest.MonkeyPatch, capsy
 WITHIN = "below the tolerance 0.0001"
 
 
-@pytest.mark.parametrize(("diff", "text"), [(0.0, WITHIN), (4.77e-7, WITHIN), (1e-4, WITHIN), (ABOVE, "0.000244"),
-                                            (0.4471, "0.447"), (None, "n/a (no step compared)")])
+@pytest.mark.parametrize(
+    ("diff", "text"),
+    [
+        (0.0, WITHIN),
+        (4.77e-7, WITHIN),
+        (1e-4, WITHIN),
+        (ABOVE, "0.000244"),
+        (0.4471, "0.447"),
+        (None, "n/a (no step compared)"),
+    ],
+)
 def test_the_printed_difference_is_the_same_for_any_rounding(diff: float | None, text: str) -> None:
     """What notebooks and the CLI print: 0 on one CPU and 5e-7 on another read the same."""
     assert _result(max_abs_diff=diff).max_abs_diff_text == text
@@ -186,6 +238,7 @@ NAN, INF = float("nan"), float("inf")
 
 def _strict(text: str) -> dict:
     """JSON as a strict parser reads it: a bare NaN or Infinity is an error, not a number."""
+
     def refuse(constant: str) -> None:
         raise ValueError(f"not JSON: {constant}")
 
@@ -211,8 +264,9 @@ def test_a_non_finite_cache_is_a_divergence(bad: float) -> None:
     poisoned = torch.zeros(5)
     poisoned[3] = bad
     result = _result(state_diverged=None)
-    compare_final_state(result, _Caches(kv=torch.zeros(2), conv=poisoned), _Caches(kv=torch.zeros(2),
-                                                                                  conv=torch.zeros(5)))
+    compare_final_state(
+        result, _Caches(kv=torch.zeros(2), conv=poisoned), _Caches(kv=torch.zeros(2), conv=torch.zeros(5))
+    )
     assert result.state_diverged is True and result.diverged and result.non_finite
     assert divergence_verdict(result) == f"caches DIVERGED from eager ({NON_FINITE}); logits match"
 
@@ -223,7 +277,8 @@ def test_json_holds_a_non_finite_number_as_a_string(diff: float) -> None:
     data = _strict(dumps(_result(max_abs_diff=diff).to_json()))
     assert data["max_abs_diff"] == str(diff) and data["state_diverged"] is False
     assert _strict(dumps({"rows": [{"kernel_floor_us": diff, "batch_size": 1}]})) == {
-        "rows": [{"kernel_floor_us": str(diff), "batch_size": 1}]}
+        "rows": [{"kernel_floor_us": str(diff), "batch_size": 1}]
+    }
 
 
 def _poison_graph_runner(monkeypatch: pytest.MonkeyPatch, where: str, value: float) -> None:
@@ -264,15 +319,34 @@ def _poison_graph_runner(monkeypatch: pytest.MonkeyPatch, where: str, value: flo
 @pytest.mark.parametrize("value", [NAN, INF], ids=["nan", "inf"])
 @pytest.mark.parametrize("where", ["logits", "cache"])
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
-def test_a_graph_runner_that_produces_nan_or_inf_diverged(monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str], device: str,
-                                                          spec: bool, where: str, value: float) -> None:
+def test_a_graph_runner_that_produces_nan_or_inf_diverged(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    device: str,
+    spec: bool,
+    where: str,
+    value: float,
+) -> None:
     """End to end, both graph backends: ``--check`` exits 1, the JSON parses strictly and names the value,
     the printed verdict gives the reason."""
     _poison_graph_runner(monkeypatch, where, value)
-    argv = ["repro", "--mode", "full", "--piecewise-flavor", "breakable", "--layers", "sconv,attn", "--steps", "4",
-            "--batch-sizes", "3,1", "--device", device, "--check",
-            *(["--num-speculative-tokens", "2", "--layers", "attn,attn"] if spec else [])]
+    argv = [
+        "repro",
+        "--mode",
+        "full",
+        "--piecewise-flavor",
+        "breakable",
+        "--layers",
+        "sconv,attn",
+        "--steps",
+        "4",
+        "--batch-sizes",
+        "3,1",
+        "--device",
+        device,
+        "--check",
+        *(["--num-speculative-tokens", "2", "--layers", "attn,attn"] if spec else []),
+    ]
     assert main([*argv, "--json"]) == 1
     data = _strict(capsys.readouterr().out)
     assert data["error"] is None
@@ -294,4 +368,9 @@ def test_the_notebooks_verdicts_call_nan_a_divergence(monkeypatch: pytest.Monkey
     assert divergence.verdict(poisoned) == f"DIVERGED from eager ({NON_FINITE})"
     monkeypatch.setattr(divergence, "cached_repro", lambda *args, **options: poisoned)
     assert divergence.verdict_table(["attn"], [("piecewise", False)]).splitlines()[-1].split() == [
-        "PIECEWISE", "compiled", "fixed", "|", "DIVERGED"]
+        "PIECEWISE",
+        "compiled",
+        "fixed",
+        "|",
+        "DIVERGED",
+    ]

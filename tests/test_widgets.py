@@ -77,16 +77,25 @@ def test_caches_picture_shows_the_legacy_bug_as_missing_writes():
     missing = (image == torch.tensor([0.85, 0.1, 0.1], dtype=image.dtype)).all(-1).any(-1)
     names = list(runner.state_tensors())
     assert dict(zip(names, missing.tolist())) == {
-        "layers.0.sconv.conv_state": True, "layers.1.attn.kv_cache": False, "layers.2.compressor.state_cache": True,
-        "layers.2.compressor.compressed_cache": True, "layers.3.attn.kv_cache": False}
+        "layers.0.sconv.conv_state": True,
+        "layers.1.attn.kv_cache": False,
+        "layers.2.compressor.state_cache": True,
+        "layers.2.compressor.compressed_cache": True,
+        "layers.3.attn.kv_cache": False,
+    }
 
 
 def test_divergence_explorer_titles_its_verdict():
     fig = divergence_explorer("piecewise", legacy=True, steps=4)
-    assert fig._suptitle.get_text() == "sconv,attn,compressor,attn: PIECEWISE compiled legacy -> " \
-                                       "DIVERGED from eager, and nothing raised"
-    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["PIECEWISE compiled legacy",
-                                                                                "PIECEWISE compiled fixed"]
+    assert (
+        fig._suptitle.get_text() == "sconv,attn,compressor,attn: PIECEWISE compiled legacy -> "
+        "DIVERGED from eager, and nothing raised"
+    )
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == [
+        "PIECEWISE compiled legacy",
+        "PIECEWISE compiled fixed",
+    ]
+
 
 def test_the_explorer_names_only_the_switches_that_act_in_its_mode():
     """Under FULL the flavor, legacy and strict switches are off: one run, named by its mode alone."""
@@ -131,20 +140,32 @@ def _table_cells(table: str) -> list[list[str]]:
 def test_verdicts_and_table():
     assert verdict(run_repro("piecewise", legacy_skip_attn=True, steps=4)).startswith("DIVERGED")
     assert verdict(run_repro("piecewise", steps=4)) == "matches eager"
-    table = verdict_table(["sconv,attn", "attn"], [("piecewise", True), ("piecewise", True, "breakable"),
-                                                   ("full", True)], steps=4)
-    assert _table_cells(table) == [["", "sconv,attn", "attn"], ["PIECEWISE compiled legacy", "DIVERGED", "ok"],
-                                   ["PIECEWISE breakable legacy", "ok", "ok"], ["FULL legacy", "ok", "ok"]]
+    table = verdict_table(
+        ["sconv,attn", "attn"], [("piecewise", True), ("piecewise", True, "breakable"), ("full", True)], steps=4
+    )
+    assert _table_cells(table) == [
+        ["", "sconv,attn", "attn"],
+        ["PIECEWISE compiled legacy", "DIVERGED", "ok"],
+        ["PIECEWISE breakable legacy", "ok", "ok"],
+        ["FULL legacy", "ok", "ok"],
+    ]
 
 
 def test_verdict_table_wraps_long_layer_mixes_to_stay_narrow():
     """Notebook 04's widest table, its cases as rows: under the 107 characters of a notebook's output area
     beside JupyterLab's file browser at 1280 pixels; the four-layer mix wraps after a comma."""
-    cases = [("full_and_piecewise", True, "compiled"), ("full_and_piecewise", True, "breakable"),
-             ("full_and_piecewise", False, "compiled"), ("full", True), ("full_decode_only", True)]
+    cases = [
+        ("full_and_piecewise", True, "compiled"),
+        ("full_and_piecewise", True, "breakable"),
+        ("full_and_piecewise", False, "compiled"),
+        ("full", True),
+        ("full_decode_only", True),
+    ]
     table = verdict_table(divergence.LAYER_MIXES, cases, steps=2)
-    assert _table_cells(table)[:2] == [["", "sconv,attn,", "sconv,attn", "compressor,attn", "attn,attn"],
-                                       ["", "compressor,attn", "", "", ""]]
+    assert _table_cells(table)[:2] == [
+        ["", "sconv,attn,", "sconv,attn", "compressor,attn", "attn,attn"],
+        ["", "compressor,attn", "", "", ""],
+    ]
     assert max(map(len, table.splitlines())) <= 100
 
 
@@ -156,8 +177,9 @@ def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch)
     divergence._remembered_repro.cache_clear()
     divergence_explorer("piecewise", legacy=True, layers="sconv,attn", steps=3)  # legacy and fixed: two runs
     verdict_table(["sconv,attn"], [("piecewise", True), ("piecewise", False)], steps=3)  # both remembered
-    assert cached_repro("piecewise", layers="sconv,attn", steps=3, legacy_skip_attn=False, seed=0) is \
-        cached_repro(layers="sconv,attn", steps=3)
+    assert cached_repro("piecewise", layers="sconv,attn", steps=3, legacy_skip_attn=False, seed=0) is cached_repro(
+        layers="sconv,attn", steps=3
+    )
     assert len(runs) == 2 and [r["legacy_skip_attn"] for r in runs] == [True, False]
     cached_repro("piecewise", layers="sconv,attn", steps=3, splitting_ops=["cglab::unified_attention"])
     cached_repro("piecewise", layers="sconv,attn", steps=3, hidden_size=64)  # a ToyConfig override
@@ -166,8 +188,14 @@ def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch)
 
 def test_verdict_table_passes_options_and_marks_failed_captures():
     """The revert in one row: the split before #49751 fails compiled capture under the fix, not under legacy."""
-    table = verdict_table(["attn,attn"], [("piecewise", False), ("piecewise", True), ("full", False)], steps=3,
-                          pre_49751_dummy_split=True, max_num_reqs=64, capture_sizes=(8, 127))
+    table = verdict_table(
+        ["attn,attn"],
+        [("piecewise", False), ("piecewise", True), ("full", False)],
+        steps=3,
+        pre_49751_dummy_split=True,
+        max_num_reqs=64,
+        capture_sizes=(8, 127),
+    )
     assert [row[1] for row in _table_cells(table)[1:]] == ["FAILED", "ok", "ok"]
     with pytest.raises(ConfigError, match=r"a verdict_table case is \(mode, legacy\)"):
         verdict_table(["attn"], [("piecewise",)], steps=2)
@@ -198,16 +226,21 @@ def test_text_pictures():
     decode_scenario(runner, 0)
     assert describe_requests(runner).splitlines()[0] == "req0:  5 tokens in blocks 0 (slots 0-3), 1 (slots 4-7)"
     text = describe_step(runner.prepare_step({"req0": [1], "req1": [1], "req2": [1]}))
-    assert text.splitlines() == ["FULL(tokens=4, reqs=4, uniform=1): 3 real token(s) in 3 request(s)",
-                                 "  query_start_loc [0, 1, 2, 3, 3]", "  seq_lens        [6, 10, 4, 0]",
-                                 "  slot_mapping    [5, 17, 23, -1]"]
+    assert text.splitlines() == [
+        "FULL(tokens=4, reqs=4, uniform=1): 3 real token(s) in 3 request(s)",
+        "  query_start_loc [0, 1, 2, 3, 3]",
+        "  seq_lens        [6, 10, 4, 0]",
+        "  slot_mapping    [5, 17, 23, -1]",
+    ]
     assert "graph backend: sim" in describe_environment("cpu")
 
 
 @pytest.fixture(scope="module")
 def bench_result():
-    return run_bench(BenchConfig.quick_preset(batch_sizes=(1, 2), repeats=5, profile_steps=1,
-                                              modes=("none", "piecewise", "full")), progress=False)
+    return run_bench(
+        BenchConfig.quick_preset(batch_sizes=(1, 2), repeats=5, profile_steps=1, modes=("none", "piecewise", "full")),
+        progress=False,
+    )
 
 
 def test_latency_explorer_filters_modes_and_batches(bench_result):
@@ -233,8 +266,11 @@ def _controls(widget) -> dict:
 
 def test_interactive_wrappers_build_widgets(bench_result):
     ipywidgets = pytest.importorskip("ipywidgets", reason="the widget wrappers need ipywidgets (make installs it)")
-    for widget in (interactive_decode_explorer(), interactive_divergence_explorer(),
-                   interactive_latency_explorer(bench_result)):
+    for widget in (
+        interactive_decode_explorer(),
+        interactive_divergence_explorer(),
+        interactive_latency_explorer(bench_result),
+    ):
         assert isinstance(widget, ipywidgets.VBox)
         row, _, _ = _parts(widget)
         assert row.children
@@ -247,8 +283,9 @@ def test_an_explorer_displays_its_still_beside_the_widget(bench_result):
         bundle = widget._repr_mimebundle_()
         assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
         assert bundle["text/plain"] == STILL_LINE
-        line, image = re.fullmatch(r'<p><b>(.*)</b></p><img src="data:image/png;base64,([^"]+)" alt="[^"]+">',
-                                   bundle["text/html"]).groups()
+        line, image = re.fullmatch(
+            r'<p><b>(.*)</b></p><img src="data:image/png;base64,([^"]+)" alt="[^"]+">', bundle["text/html"]
+        ).groups()
         assert line == STILL_LINE and base64.b64decode(image).startswith(b"\x89PNG")
     assert still_html(None) == f"<p><b>{STILL_LINE}</b></p>"  # a first draw that raised: the line alone
 
@@ -268,11 +305,17 @@ def test_divergence_widget_offers_the_flavor_the_policy_and_chunked_prefill():
 _OFF = "flavor, legacy skip_attn and strict layers are off"
 CONTROL_STATES = {
     "piecewise": ((), ""),
-    "full_and_piecewise": ((), ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked "
-                                "prefill) PIECEWISE ones")),
-    **{mode: (("flavor", "legacy", "strict"), (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got "
-                                               "capture metadata before the fix too"))
-       for mode in ("full_decode_only", "full")},
+    "full_and_piecewise": (
+        (),
+        ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked prefill) PIECEWISE ones"),
+    ),
+    **{
+        mode: (
+            ("flavor", "legacy", "strict"),
+            (f"{_OFF}: they apply to PIECEWISE graphs only, and FULL graphs got capture metadata before the fix too"),
+        )
+        for mode in ("full_decode_only", "full")
+    },
     "none": (("flavor", "legacy", "strict"), f"{_OFF}: NONE captures no graph (eager against eager)"),
 }
 
@@ -286,11 +329,18 @@ def test_the_disabled_switches_really_change_nothing_in_their_modes():
     """What justifies disabling them: under FULL and NONE every flavor, legacy and strict setting runs the
     very same steps, with the very same differences from eager."""
     for mode in ("full_decode_only", "full", "none"):
-        runs = {(flavor, legacy, strict): cached_repro(mode, piecewise_flavor=flavor, legacy_skip_attn=legacy,
-                                                       strict_layers=strict, steps=3)
-                for flavor in ("compiled", "breakable") for legacy in (False, True) for strict in (False, True)}
-        seen = {(r.error, tuple(r.step_modes), tuple(r.step_diffs), tuple(sorted(r.state_diffs.items())))
-                for r in runs.values()}
+        runs = {
+            (flavor, legacy, strict): cached_repro(
+                mode, piecewise_flavor=flavor, legacy_skip_attn=legacy, strict_layers=strict, steps=3
+            )
+            for flavor in ("compiled", "breakable")
+            for legacy in (False, True)
+            for strict in (False, True)
+        }
+        seen = {
+            (r.error, tuple(r.step_modes), tuple(r.step_diffs), tuple(sorted(r.state_diffs.items())))
+            for r in runs.values()
+        }
         assert len(seen) == 1, mode
     # ... and they do change something where PIECEWISE graphs are captured
     assert cached_repro("piecewise", legacy_skip_attn=True, steps=3).diverged
@@ -316,14 +366,18 @@ def test_the_policy_and_chunked_prefill_reach_run_repro(monkeypatch: pytest.Monk
     divergence._remembered_repro.cache_clear()
     controls = _controls(interactive_divergence_explorer())
     assert [(r["mode"], r["legacy_skip_attn"], r["prefill_chunk"], r["steps"]) for r in runs] == [
-        ("piecewise", True, 0, 16), ("piecewise", False, 0, 16)]
+        ("piecewise", True, 0, 16),
+        ("piecewise", False, 0, 16),
+    ]
     runs.clear()
     controls["mode"].value = "full_and_piecewise"
     controls["chunked prefill"].value = True
     assert [(r["mode"], r["legacy_skip_attn"], r["prefill_chunk"], r["steps"]) for r in runs] == [
-        ("full_and_piecewise", True, 0, 16), ("full_and_piecewise", False, 0, 16),
+        ("full_and_piecewise", True, 0, 16),
+        ("full_and_piecewise", False, 0, 16),
         ("full_and_piecewise", True, PREFILL_CHUNK, CHUNKED_STEPS),
-        ("full_and_piecewise", False, PREFILL_CHUNK, CHUNKED_STEPS)]
+        ("full_and_piecewise", False, PREFILL_CHUNK, CHUNKED_STEPS),
+    ]
     assert (PREFILL_CHUNK, CHUNKED_STEPS) == (4, 20)  # notebook 04's chunked-prefill runs
 
 
@@ -332,15 +386,21 @@ def test_full_and_piecewise_hides_the_legacy_bug_from_decodes_and_chunked_prefil
     matches eager on the legacy path; chunked prefill replays the compiled PIECEWISE pieces and diverges."""
     decode = divergence_explorer("full_and_piecewise", legacy=True)
     chunked = divergence_explorer("full_and_piecewise", legacy=True, chunked_prefill=True)
-    assert decode._suptitle.get_text() == ("sconv,attn,compressor,attn: FULL_AND_PIECEWISE compiled legacy -> "
-                                           "matches eager")
-    assert chunked._suptitle.get_text() == ("sconv,attn,compressor,attn, chunked prefill: FULL_AND_PIECEWISE "
-                                            "compiled legacy -> DIVERGED from eager, and nothing raised")
+    assert decode._suptitle.get_text() == (
+        "sconv,attn,compressor,attn: FULL_AND_PIECEWISE compiled legacy -> matches eager"
+    )
+    assert chunked._suptitle.get_text() == (
+        "sconv,attn,compressor,attn, chunked prefill: FULL_AND_PIECEWISE "
+        "compiled legacy -> DIVERGED from eager, and nothing raised"
+    )
     assert divergence_notes("full_and_piecewise", legacy=True) == [
         "FULL_AND_PIECEWISE compiled legacy: steps by mode: FULL 16",
-        "FULL_AND_PIECEWISE compiled fixed: steps by mode: FULL 16"]
-    assert divergence_notes("full_and_piecewise", legacy=True, chunked_prefill=True)[0] == \
-        "FULL_AND_PIECEWISE compiled legacy: steps by mode: PIECEWISE 17, eager 2, FULL 1"
+        "FULL_AND_PIECEWISE compiled fixed: steps by mode: FULL 16",
+    ]
+    assert (
+        divergence_notes("full_and_piecewise", legacy=True, chunked_prefill=True)[0]
+        == "FULL_AND_PIECEWISE compiled legacy: steps by mode: PIECEWISE 17, eager 2, FULL 1"
+    )
     with pytest.raises(ConfigError, match="chunked_prefill must be True"):
         divergence_explorer(chunked_prefill=4)
 
@@ -348,7 +408,8 @@ def test_full_and_piecewise_hides_the_legacy_bug_from_decodes_and_chunked_prefil
 def test_a_failed_capture_says_nothing_was_replayed(capsys):
     assert divergence_notes("piecewise", legacy=True, strict=True, steps=4) == [
         "PIECEWISE compiled legacy strict: capture failed: nothing replayed (MissingMetadataError)",
-        "PIECEWISE compiled fixed: steps by mode: PIECEWISE 4"]
+        "PIECEWISE compiled fixed: steps by mode: PIECEWISE 4",
+    ]
     controls = _controls(interactive_divergence_explorer())  # the explorer prints the notes under its plot
     capsys.readouterr()
     controls["strict layers"].value = True
@@ -357,9 +418,11 @@ def test_a_failed_capture_says_nothing_was_replayed(capsys):
 
 
 def test_latency_explorer_asks_for_a_choice_instead_of_drawing_empty_axes(bench_result):
-    for modes, batch_sizes, message in [((), None, "select at least one mode"),
-                                        (None, [], "select at least one batch size"),
-                                        ([], (), "select at least one mode and one batch size")]:
+    for modes, batch_sizes, message in [
+        ((), None, "select at least one mode"),
+        (None, [], "select at least one batch size"),
+        ([], (), "select at least one mode and one batch size"),
+    ]:
         fig = latency_explorer(bench_result, modes=modes, batch_sizes=batch_sizes)
         (ax,) = fig.axes  # one, drawn without frame or ticks: a figure without axes would show as text only
         assert not ax.axison and not ax.lines and [t.get_text() for t in ax.texts] == [message]
@@ -417,8 +480,10 @@ def test_overlapping_changes_from_two_threads_draw_one_at_a_time_and_the_last_va
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=change, args=(range(1, 300, 2),)),
-               threading.Thread(target=change, args=(range(2, 300, 2),))]
+    threads = [
+        threading.Thread(target=change, args=(range(1, 300, 2),)),
+        threading.Thread(target=change, args=(range(2, 300, 2),)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -63,19 +63,29 @@ class NpmPackage:
 # html-manager 1.0.x renders the widget state ipywidgets 8 saves. Its fonts (Font Awesome, for icon
 # widgets) sit beside embed-amd.js, which finds them relative to its own URL; browsers take woff2/woff.
 PACKAGES = (
-    NpmPackage("@jupyter-widgets/html-manager", "1.0.15",
-               "sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA==",
-               ("dist/embed-amd.js", "dist/*.woff2", "dist/*.woff")),
-    NpmPackage("requirejs", "2.3.7",
-               "sha512-DouTG8T1WanGok6Qjg2SXuCMzszOo0eHeH9hDZ5Y4x8Je+9JB38HdTLT4/VA8OaUhBa0JPVHJ0pyBkM1z+pDsw==",
-               ("require.js",)),
+    NpmPackage(
+        "@jupyter-widgets/html-manager",
+        "1.0.15",
+        "sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA==",
+        ("dist/embed-amd.js", "dist/*.woff2", "dist/*.woff"),
+    ),
+    NpmPackage(
+        "requirejs",
+        "2.3.7",
+        "sha512-DouTG8T1WanGok6Qjg2SXuCMzszOo0eHeH9hDZ5Y4x8Je+9JB38HdTLT4/VA8OaUhBa0JPVHJ0pyBkM1z+pDsw==",
+        ("require.js",),
+    ),
 )
 
 # Over every widget of a page: the page holds the widgets' saved state, and no kernel to redraw them.
-WIDGET_BANNER = ('<p class="cglab-saved-state">Saved state only: the controls move but the plot will not redraw '
-                 'without a kernel; run <code>make lab</code> to explore.</p>')
-BANNER_STYLE = (".cglab-saved-state { margin: 0 0 0.4em; padding: 0.2em 0.6em; border-left: 3px solid #f0ad4e; "
-                "background: #fdf6e3; color: #555; font-size: 0.9em; }")
+WIDGET_BANNER = (
+    '<p class="cglab-saved-state">Saved state only: the controls move but the plot will not redraw '
+    "without a kernel; run <code>make lab</code> to explore.</p>"
+)
+BANNER_STYLE = (
+    ".cglab-saved-state { margin: 0 0 0.4em; padding: 0.2em 0.6em; border-left: 3px solid #f0ad4e; "
+    "background: #fdf6e3; color: #555; font-size: 0.9em; }"
+)
 
 # nbconvert's lab page without the two scripts that would come from a CDN: MathJax (no notebook writes
 # TeX) and mermaid (no notebook draws a diagram). The widget manager and RequireJS URLs are options.
@@ -117,8 +127,10 @@ def fetch(package: NpmPackage) -> Path:
         with urllib.request.urlopen(package.url, timeout=60) as response:
             data = response.read()
     except OSError as error:
-        raise BuildError(f"cannot download {package.url} ({error}); the pages need it once, then it is cached "
-                         f"in {CACHE.relative_to(ROOT)}/") from error
+        raise BuildError(
+            f"cannot download {package.url} ({error}); the pages need it once, then it is cached "
+            f"in {CACHE.relative_to(ROOT)}/"
+        ) from error
     if not _digest_ok(data, package.integrity):
         raise BuildError(f"{package.url} does not match its pinned SHA-512; not using it")
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -133,8 +145,11 @@ def copy_assets(static: Path) -> None:
     static.mkdir(parents=True, exist_ok=True)
     for package in PACKAGES:
         with tarfile.open(fetch(package)) as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and any(
-                fnmatch.fnmatch(m.name, f"package/{pattern}") for pattern in package.files)]
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.isfile() and any(fnmatch.fnmatch(m.name, f"package/{pattern}") for pattern in package.files)
+            ]
             for pattern in package.files:
                 if not any(fnmatch.fnmatch(m.name, f"package/{pattern}") for m in members):
                     raise BuildError(f"{package.name} {package.version} has no {pattern}")
@@ -164,8 +179,7 @@ class Source:
 
 def _git(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(["git", "-C", str(folder), *args], check=False, capture_output=True,
-                              encoding="utf-8")
+        return subprocess.run(["git", "-C", str(folder), *args], check=False, capture_output=True, encoding="utf-8")
     except FileNotFoundError as error:  # no git at all: as outside a checkout
         return subprocess.CompletedProcess(error.filename or "git", 127, "", str(error))
 
@@ -225,9 +239,14 @@ def convert(notebook: nbformat.NotebookNode, name: str, page: Path, out: Path) -
     """Write ``notebook``'s page to ``page``; return the notebook's title (``name`` where it has none)."""
     static = os.path.relpath(out / STATIC, page.parent)
     language = LANGUAGES.get(page.relative_to(out).parts[0], ("en",))[0]
-    exporter = HTMLExporter(template_name="lab", template_file="offline.html.j2", language_code=language,
-                            extra_loaders=[DictLoader({"offline.html.j2": TEMPLATE})],
-                            require_js_url=f"{static}/require.js", widget_renderer_url=f"{static}/embed-amd.js")
+    exporter = HTMLExporter(
+        template_name="lab",
+        template_file="offline.html.j2",
+        language_code=language,
+        extra_loaders=[DictLoader({"offline.html.j2": TEMPLATE})],
+        require_js_url=f"{static}/require.js",
+        widget_renderer_url=f"{static}/embed-amd.js",
+    )
     body, _ = exporter.from_notebook_node(notebook, resources={"metadata": {"name": title_of(notebook, name)}})
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(add_banners(NOTEBOOK_LINK.sub(r'href="\1.html\2"', body)), encoding="utf-8")
@@ -247,7 +266,9 @@ def write_index(out: Path, pages: list[tuple[Path, str]], provenance: str = "") 
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>cglab: the notebook suite</title>'
         "<style>body{font-family:sans-serif;max-width:50em;margin:2em auto;line-height:1.5}</style></head>"
         f"<body><h1>cglab: CUDA graphs in LLM inference</h1><p>The executed notebooks{provenance}, readable "
-        f"without a kernel.</p>{body}</body></html>\n", encoding="utf-8")
+        f"without a kernel.</p>{body}</body></html>\n",
+        encoding="utf-8",
+    )
 
 
 def check_out(out: Path) -> None:
@@ -280,8 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "html", help="output folder (default build/html)")
-    parser.add_argument("--from", dest="source", choices=(HEAD, WORKTREE), default=HEAD,
-                        help="build each notebook as last committed (head, the default) or as it is on disk (worktree)")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        choices=(HEAD, WORKTREE),
+        default=HEAD,
+        help="build each notebook as last committed (head, the default) or as it is on disk (worktree)",
+    )
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.notebooks if not p.is_file()]
     if missing:
@@ -303,12 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    with_tex = [str(s.path) for s in sources
-                if any(TEX.search(c.source) for c in s.notebook.cells if c.cell_type == "markdown")]
+    with_tex = [
+        str(s.path) for s in sources if any(TEX.search(c.source) for c in s.notebook.cells if c.cell_type == "markdown")
+    ]
     if with_tex:
         print(f"warning: TeX in {', '.join(with_tex)} shows as source: the pages load no MathJax", file=sys.stderr)
-    print(f"wrote {len(pages)} pages and index.html to {args.out}, from the notebooks "
-          f"{describe_source(args.notebooks, args.source)}")
+    print(
+        f"wrote {len(pages)} pages and index.html to {args.out}, from the notebooks "
+        f"{describe_source(args.notebooks, args.source)}"
+    )
     return 0
 
 

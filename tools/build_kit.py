@@ -90,8 +90,9 @@ def visible_texts(figure: Figure) -> list[Text]:
 
 def for_projection(figure: Figure, box: tuple[float, float]) -> SlideFigure:
     """Fit ``figure`` into a box of (width, height) inches and raise every text to ``MIN_PT`` at that size."""
-    shown = SlideFigure(figure, figure.get_figwidth() * min(box[0] / figure.get_figwidth(),
-                                                            box[1] / figure.get_figheight()))
+    shown = SlideFigure(
+        figure, figure.get_figwidth() * min(box[0] / figure.get_figwidth(), box[1] / figure.get_figheight())
+    )
     floor = MIN_PT / shown.scale
     for ax in figure.axes:  # ticks through tick_params, so that ticks made at the next draw follow
         for axis, labels in (("x", ax.get_xticklabels()), ("y", ax.get_yticklabels())):
@@ -110,8 +111,10 @@ def png(slide_figure: SlideFigure) -> str:
     dpi = 2 * CSS_PX_PER_INCH * slide_figure.scale
     slide_figure.figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
     width = round(slide_figure.shown_width * CSS_PX_PER_INCH)
-    return (f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}" width="{width}" '
-            f'data-shown-inches="{slide_figure.shown_width:.3f}" alt="">')
+    return (
+        f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}" width="{width}" '
+        f'data-shown-inches="{slide_figure.shown_width:.3f}" alt="">'
+    )
 
 
 def slide_figures() -> dict[str, SlideFigure]:
@@ -125,10 +128,14 @@ def slide_figures() -> dict[str, SlideFigure]:
     from cglab.lab.plots import plot_ladder
 
     device = setup_notebook("cpu")  # one thread, the simulator: what the committed notebooks show
-    runs = {f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
-            for path, legacy in (("old", True), ("fixed", False))}
-    one_size = {legacy: ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), legacy_skip_attn=legacy),
-                                    device=device) for legacy in (False, True)}
+    runs = {
+        f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
+        for path, legacy in (("old", True), ("fixed", False))
+    }
+    one_size = {
+        legacy: ModelRunner(ToyConfig(), CompilationConfig("piecewise", (4,), legacy_skip_attn=legacy), device=device)
+        for legacy in (False, True)
+    }
     ladder = plot_ladder(load_results(ROOT / "data" / "h200_ladder_8x1024_bf16"), 1).figure
     plt.close(ladder)
     divergence = draw_divergence(runs)
@@ -136,11 +143,18 @@ def slide_figures() -> dict[str, SlideFigure]:
     full, side = (12.1, 5.1), (7.0, 6.7)  # a slide's figure box under a heading and a caption; beside text
     return {
         "divergence": for_projection(divergence, full),
-        "anatomy": for_projection(draw_graph_anatomy({"fixed": graph_pieces(one_size[False]),
-                                                      "old path": graph_pieces(one_size[True])}), full),
-        "recordings": for_projection(draw_recordings(recorded_ops(one_size[False]), recorded_ops(one_size[True]),
-                                                     labels=("with metadata", "without"),
-                                                     note="red: the short conv's kernel"), side),
+        "anatomy": for_projection(
+            draw_graph_anatomy({"fixed": graph_pieces(one_size[False]), "old path": graph_pieces(one_size[True])}), full
+        ),
+        "recordings": for_projection(
+            draw_recordings(
+                recorded_ops(one_size[False]),
+                recorded_ops(one_size[True]),
+                labels=("with metadata", "without"),
+                note="red: the short conv's kernel",
+            ),
+            side,
+        ),
         "ladder": for_projection(ladder, full),
     }
 
@@ -158,8 +172,9 @@ def slides_html(figures: dict[str, SlideFigure]) -> str:
     facilitator = (ROOT / "notebooks" / "FACILITATOR.md").read_text(encoding="utf-8")
     two_sentences, caveat = handout.split("**The bug in two sentences.**", 1)[1].split("\n\n", 2)[:2]
     diff = re.search(r"```diff\n(.*?)```", handout, re.DOTALL).group(1)
-    questions = re.findall(r"^\d+\. (.*?)(?=^\d+\. |\Z)", _section(facilitator, "Questions to discuss"),
-                           re.MULTILINE | re.DOTALL)[:4]
+    questions = re.findall(
+        r"^\d+\. (.*?)(?=^\d+\. |\Z)", _section(facilitator, "Questions to discuss"), re.MULTILINE | re.DOTALL
+    )[:4]
 
     def md(text: str) -> str:
         return mistune.html(" ".join(text.split()))
@@ -169,35 +184,49 @@ def slides_html(figures: dict[str, SlideFigure]) -> str:
 
     slides = [
         f"<h1>The missing-metadata bug</h1>{md(two_sentences)}<div class='caption'>{md(caveat)}</div>",
-        figure_slide("Wrong numbers, and no error", "divergence",
-                     "Each decode step against the eager model. Red: graphs captured the old way; blue: the fixed "
-                     "way; dashed: float rounding. (04, The silent divergence)"),
-        figure_slide("The same cut, fewer ops", "anatomy",
-                     "Compiled PIECEWISE: three graphs, attention eager between them. The old path's graphs "
-                     "recorded fewer ops: the stateful layers' kernels are missing. (04, The state that never changes)"),
+        figure_slide(
+            "Wrong numbers, and no error",
+            "divergence",
+            "Each decode step against the eager model. Red: graphs captured the old way; blue: the fixed "
+            "way; dashed: float rounding. (04, The silent divergence)",
+        ),
+        figure_slide(
+            "The same cut, fewer ops",
+            "anatomy",
+            "Compiled PIECEWISE: three graphs, attention eager between them. The old path's graphs "
+            "recorded fewer ops: the stateful layers' kernels are missing. (04, The state that never changes)",
+        ),
         f"<div class='side'>{png(figures['recordings'])}<div><h2>What the first piece recorded</h2>"
-        + md("The short conv needs attention metadata for its conv state.") + md(
-            "Without it, the layer assumes a *profiling run* and returns its input unchanged.") + md(
-            "The old path built none at capture, so the graph recorded that no-op, and every replay repeats it.")
+        + md("The short conv needs attention metadata for its conv state.")
+        + md("Without it, the layer assumes a *profiling run* and returns its input unchanged.")
+        + md("The old path built none at capture, so the graph recorded that no-op, and every replay repeats it.")
         + "<p class='caption'>(00b, 2 · The picture)</p></div></div>",
         f"<h2>The fix, PR #49364</h2><pre>{html.escape(diff)}</pre>"
         + md("Metadata is always built at capture: capture-safe for FULL graphs, ordinary for PIECEWISE.")
         + md("It rests on one assumption: every builder writes each step's values into the same buffers."),
-        figure_slide("What graphs buy", "ladder",
-                     "One decode step of an 8-layer model at batch 1, recorded on an NVIDIA H200. (05, The ladder, "
-                     "rung by rung)"),
-        "<h2>Questions to discuss</h2><ol>" + "".join(f"<li>{mistune.html(' '.join(q.split()))[3:-5]}</li>"
-                                                      for q in questions) + "</ol>",
+        figure_slide(
+            "What graphs buy",
+            "ladder",
+            "One decode step of an 8-layer model at batch 1, recorded on an NVIDIA H200. (05, The ladder, "
+            "rung by rung)",
+        ),
+        "<h2>Questions to discuss</h2><ol>"
+        + "".join(f"<li>{mistune.html(' '.join(q.split()))[3:-5]}</li>" for q in questions)
+        + "</ol>",
     ]
-    body = "".join(f"<section class='slide'>{content}<span class='number'>{i} / {len(slides)}</span></section>"
-                   for i, content in enumerate(slides, 1))
+    body = "".join(
+        f"<section class='slide'>{content}<span class='number'>{i} / {len(slides)}</span></section>"
+        for i, content in enumerate(slides, 1)
+    )
     return page("cglab: the missing-metadata bug, slides", body, SLIDES_CSS, SLIDES_JS)
 
 
 def page(title: str, body: str, css: str, script: str = "") -> str:
     script = f"<script>{script}</script>" if script else ""
-    return (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{css}</style></head><body>{body}{script}</body></html>\n")
+    return (
+        f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{css}</style></head><body>{body}{script}</body></html>\n"
+    )
 
 
 def markdown_page(source: Path, css: str) -> str:

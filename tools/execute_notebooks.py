@@ -59,6 +59,7 @@ def execute(path: Path, timeout: int, save: bool = True, slowest: int = 0) -> di
         def hook(**_: object) -> None:
             if not (first and name in stamps):
                 stamps[name] = time.perf_counter()
+
         return hook
 
     def on_ready(**_: object) -> None:
@@ -66,10 +67,18 @@ def execute(path: Path, timeout: int, save: bool = True, slowest: int = 0) -> di
         for channel in (client.kc.shell_channel, client.kc.iopub_channel):
             _wait_in_slices(channel)
 
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            record_timing=slowest > 0, resources={"metadata": {"path": str(path.parent)}},
-                            on_notebook_start=on_ready, on_cell_start=mark("first_cell", first=True),
-                            on_cell_executed=mark("last_reply"), on_notebook_complete=mark("gone"))
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=False,
+        record_timing=slowest > 0,
+        resources={"metadata": {"path": str(path.parent)}},
+        on_notebook_start=on_ready,
+        on_cell_start=mark("first_cell", first=True),
+        on_cell_executed=mark("last_reply"),
+        on_notebook_complete=mark("gone"),
+    )
     start = time.perf_counter()
     client.execute()
     end = time.perf_counter()
@@ -78,8 +87,12 @@ def execute(path: Path, timeout: int, save: bool = True, slowest: int = 0) -> di
     if save:
         nbformat.write(notebook, path)
     ready, first, last = (stamps.get(k, end) for k in ("ready", "first_cell", "last_reply"))
-    return {"start": ready - start, "cells": last - first, "shutdown": stamps.get("gone", end) - last,
-            "total": end - start}
+    return {
+        "start": ready - start,
+        "cells": last - first,
+        "shutdown": stamps.get("gone", end) - last,
+        "total": end - start,
+    }
 
 
 def _print_slowest(path: Path, notebook: nbformat.NotebookNode, count: int) -> None:
@@ -90,8 +103,9 @@ def _print_slowest(path: Path, notebook: nbformat.NotebookNode, count: int) -> N
         stamps = cell.metadata.pop("execution", None)  # the saved notebook keeps no timing
         if cell.cell_type != "code" or not stamps or "iopub.status.idle" not in stamps:
             continue
-        busy, idle = (datetime.fromisoformat(stamps[k].replace("Z", "+00:00"))
-                      for k in ("iopub.status.busy", "iopub.status.idle"))
+        busy, idle = (
+            datetime.fromisoformat(stamps[k].replace("Z", "+00:00")) for k in ("iopub.status.busy", "iopub.status.idle")
+        )
         if previous_idle is not None:
             between += (busy - previous_idle).total_seconds()
         previous_idle = idle
@@ -106,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=120, help="seconds allowed per cell (default 120)")
-    parser.add_argument("--use-gpu", action="store_true",
-                        help="run on a visible GPU (real CUDA graphs); to check the suite there, not to commit")
+    parser.add_argument(
+        "--use-gpu",
+        action="store_true",
+        help="run on a visible GPU (real CUDA graphs); to check the suite there, not to commit",
+    )
     parser.add_argument("--no-save", action="store_true", help="run only: leave the files as they are")
     parser.add_argument("--slowest", type=int, default=0, metavar="N", help="print the N slowest cells of each")
     args = parser.parse_args(argv)
@@ -119,12 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             seconds = execute(path, args.timeout, save=not args.no_save, slowest=args.slowest)
         except CellExecutionError as exc:
-            print(f"FAILED {path}: an untagged cell raised (tag it raises-exception if that is the lesson)\n{exc}",
-                  file=sys.stderr)
+            print(
+                f"FAILED {path}: an untagged cell raised (tag it raises-exception if that is the lesson)\n{exc}",
+                file=sys.stderr,
+            )
             failed.append(path)
             continue
-        print(f"executed {path} in {seconds['total']:.1f} s (kernel start {seconds['start']:.1f} s, "
-              f"cells {seconds['cells']:.1f} s, shutdown {seconds['shutdown']:.1f} s)")
+        print(
+            f"executed {path} in {seconds['total']:.1f} s (kernel start {seconds['start']:.1f} s, "
+            f"cells {seconds['cells']:.1f} s, shutdown {seconds['shutdown']:.1f} s)"
+        )
     if failed:
         print(f"{len(failed)} notebook(s) failed: {', '.join(map(str, failed))}", file=sys.stderr)
         return 1

@@ -33,12 +33,15 @@ from pathlib import Path
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    raise SystemExit("tools/mutations.py reads tools/mutations.toml with tomllib: run it with Python 3.11 or newer "
-                     "(the venv's, .venv/bin/python, is one where make setup found it)") from None
+    raise SystemExit(
+        "tools/mutations.py reads tools/mutations.toml with tomllib: run it with Python 3.11 or newer "
+        "(the venv's, .venv/bin/python, is one where make setup found it)"
+    ) from None
 
 ROOT = Path(__file__).resolve().parents[1]
-IGNORED = shutil.ignore_patterns(".venv", ".git", ".cache", "build", "__pycache__", ".hypothesis",
-                                 ".ipynb_checkpoints", "*.egg-info")
+IGNORED = shutil.ignore_patterns(
+    ".venv", ".git", ".cache", "build", "__pycache__", ".hypothesis", ".ipynb_checkpoints", "*.egg-info"
+)
 CATALOGUE = Path(__file__).with_name("mutations.toml")  # the bugs: name, file, old and new text, tests
 TIMEOUT_S = 900  # a mutation whose tests hang this long counts as caught (it did not pass)
 
@@ -71,10 +74,15 @@ def scratch_copy(destination: Path) -> Path:
 def environment(tree: Path) -> dict[str, str]:
     # The copy first; then any PYTHONPATH the caller set (e.g. a Triton installed outside the venv).
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-           # No bytecode: a mutated file and its original can share size and mtime, and a stale .pyc
-           # would run the wrong one.
-           "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "OMP_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+        # No bytecode: a mutated file and its original can share size and mtime, and a stale .pyc
+        # would run the wrong one.
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     env.pop("PYTHONPYCACHEPREFIX", None)
     return env
 
@@ -84,8 +92,9 @@ def run_tests(tree: Path, files: tuple[str, ...]) -> tuple[bool, str, float]:
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rfE", *files]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=tree, env=environment(tree), capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        done = subprocess.run(
+            command, cwd=tree, env=environment(tree), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {TIMEOUT_S} s", time.perf_counter() - start
     seconds = time.perf_counter() - start
@@ -105,16 +114,24 @@ def apply(tree: Path, mutation: Mutation) -> str:
     original = path.read_text()
     count = original.count(mutation.old)
     if count != 1:
-        raise LookupError(f"{mutation.name}: its old text occurs {count} times in {mutation.path}, not once; "
-                          "update the mutation after the refactor")
+        raise LookupError(
+            f"{mutation.name}: its old text occurs {count} times in {mutation.path}, not once; "
+            "update the mutation after the refactor"
+        )
     path.write_text(original.replace(mutation.old, mutation.new))
     return original
 
 
 def check_import(tree: Path) -> None:
     """The tests must import the copy's cglab, not an installed one."""
-    done = subprocess.run([sys.executable, "-c", "import cglab; print(cglab.__file__)"], cwd=tree,
-                          env=environment(tree), capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import cglab; print(cglab.__file__)"],
+        cwd=tree,
+        env=environment(tree),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     if not Path(done.stdout.strip()).is_relative_to(tree):
         raise SystemExit(f"the tests would import {done.stdout.strip()}, not the scratch copy's cglab")
 
@@ -168,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{m.name:{width}}  SURVIVED  ({seconds:.0f} s)  {m.what}", flush=True)
             else:
                 print(f"{m.name:{width}}  caught    ({seconds:.0f} s)  by {failure}", flush=True)
-    print(f"{len(mutations) - len(survived)} of {len(mutations)} caught"
-          + (f"; survived or not applied: {', '.join(survived)}" if survived else ""))
+    print(
+        f"{len(mutations) - len(survived)} of {len(mutations)} caught"
+        + (f"; survived or not applied: {', '.join(survived)}" if survived else "")
+    )
     return 1 if survived else 0
 
 

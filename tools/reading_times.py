@@ -34,8 +34,11 @@ def markdown(path: Path) -> str:
 
 def suite_map() -> dict[str, tuple[str, str]]:
     """{notebook file: (its name, its run time)} from 00 welcome's map ("20 s (GPU: 30 s)" -> "20 s")."""
-    rows = re.findall(r"^\| \[([^\]]*)\]\(([\w.]+\.ipynb)\)[^\n]*\| ([\d.]+ (?:s|min))[^|\n]*\|$",
-                      markdown(NOTEBOOKS / "00_welcome.ipynb"), re.MULTILINE)
+    rows = re.findall(
+        r"^\| \[([^\]]*)\]\(([\w.]+\.ipynb)\)[^\n]*\| ([\d.]+ (?:s|min))[^|\n]*\|$",
+        markdown(NOTEBOOKS / "00_welcome.ipynb"),
+        re.MULTILINE,
+    )
     return {path: (name, run) for name, path, run in rows}
 
 
@@ -44,8 +47,10 @@ def first_half_of_04() -> str:
     start = text.find(FIRST_HALF[0])
     end = text.find(FIRST_HALF[1], start)
     if start < 0 or end < 0:
-        raise SystemExit(f"reading_times: notebook 04 has no '{FIRST_HALF[0]}' followed by '{FIRST_HALF[1]}'; "
-                         "update FIRST_HALF in tools/reading_times.py")
+        raise SystemExit(
+            f"reading_times: notebook 04 has no '{FIRST_HALF[0]}' followed by '{FIRST_HALF[1]}'; "
+            "update FIRST_HALF in tools/reading_times.py"
+        )
     return text[start:end]
 
 
@@ -56,13 +61,22 @@ def table() -> str:
         raise SystemExit(f"reading_times: 00 welcome's map gives no run time for {missing}")
     rows = [(*known[p.name][:1], len(markdown(p).split()), known[p.name][1]) for p in paths]
     total = sum(words for _, words, _ in rows)
-    rows += [("04, *Two ways to capture PIECEWISE* to *The fix* (60-minute session)",
-              len(first_half_of_04().split()), known["04_missing_metadata_bug.ipynb"][1]),
-             (f"all {len(paths)}", total, "")]
-    lines = ["| notebook | markdown words | reading at 200 words/min | at 120 words/min | run (2-core CPU) |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {name} | {words:,} | {words / RATES[0]:.1f} min | {words / RATES[1]:.1f} min | {run} |"
-              for name, words, run in rows]
+    rows += [
+        (
+            "04, *Two ways to capture PIECEWISE* to *The fix* (60-minute session)",
+            len(first_half_of_04().split()),
+            known["04_missing_metadata_bug.ipynb"][1],
+        ),
+        (f"all {len(paths)}", total, ""),
+    ]
+    lines = [
+        "| notebook | markdown words | reading at 200 words/min | at 120 words/min | run (2-core CPU) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {words:,} | {words / RATES[0]:.1f} min | {words / RATES[1]:.1f} min | {run} |"
+        for name, words, run in rows
+    ]
     return "\n".join(lines)
 
 

@@ -29,16 +29,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "divergence.png",
-                        help="where to write the PNG (default docs/divergence.png)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "divergence.png",
+        help="where to write the PNG (default docs/divergence.png)",
+    )
     args = parser.parse_args(argv)
     device = setup_notebook("cpu")  # one thread, the simulator: the run the committed notebooks show
-    runs = {f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
-            for path, legacy in (("old", True), ("fixed", False))}
+    runs = {
+        f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
+        for path, legacy in (("old", True), ("fixed", False))
+    }
     figure = draw_divergence(runs)
     layers = next(iter(runs.values())).layers
-    figure.suptitle(f"toy model {layers}, compiled PIECEWISE graphs replayed against the eager model\n"
-                    + "; ".join(f"{label}: {verdict(result)}" for label, result in runs.items()), fontsize=10)
+    figure.suptitle(
+        f"toy model {layers}, compiled PIECEWISE graphs replayed against the eager model\n"
+        + "; ".join(f"{label}: {verdict(result)}" for label, result in runs.items()),
+        fontsize=10,
+    )
     figure.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # No "Software" stamp: the file changes only when the picture does.

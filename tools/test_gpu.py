@@ -58,7 +58,19 @@ def readme_repro_examples(readme: str) -> list[str]:
 
 def run_units() -> tuple[bool, str]:
     workers = str(min(8, os.cpu_count() or 1))
-    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-n", workers, "--dist", "loadscope", "-p", "no:cacheprovider"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests",
+        "-q",
+        "-n",
+        workers,
+        "--dist",
+        "loadscope",
+        "-p",
+        "no:cacheprovider",
+    ]
     print("$", shlex.join(cmd), flush=True)
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     failures = run.stdout.split("= FAILURES =", 1)[1][:20000] if "= FAILURES =" in run.stdout else ""
@@ -73,8 +85,15 @@ def run_notebooks(workers: int) -> tuple[bool, str]:
     paths = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
 
     def one(path: Path) -> tuple[Path, int, float, str]:
-        cmd = [sys.executable, str(ROOT / "tools" / "execute_notebooks.py"), "--use-gpu", "--no-save", "--slowest", "3",
-               str(path)]
+        cmd = [
+            sys.executable,
+            str(ROOT / "tools" / "execute_notebooks.py"),
+            "--use-gpu",
+            "--no-save",
+            "--slowest",
+            "3",
+            str(path),
+        ]
         start = time.perf_counter()
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         detail = "".join(line + "\n" for line in run.stdout.splitlines() if " cell " in line or "executed " in line)
@@ -90,12 +109,17 @@ def run_notebooks(workers: int) -> tuple[bool, str]:
         verdict = "FAILED" if code else (f"OVER the {NOTEBOOK_BUDGET_S} s budget" if path in slow else "ok")
         print(f"  {path.relative_to(ROOT)!s:<58} {seconds:6.1f} s  {verdict}", flush=True)
         # where the time went (always), and the slowest cells and the error where it matters
-        shown = detail if code or seconds > NOTEBOOK_BUDGET_S / 2 else "".join(
-            line + "\n" for line in detail.splitlines() if "executed " in line)
+        shown = (
+            detail
+            if code or seconds > NOTEBOOK_BUDGET_S / 2
+            else "".join(line + "\n" for line in detail.splitlines() if "executed " in line)
+        )
         print(shown.rstrip(), flush=True)
     longest = max(seconds for _, _, seconds, _ in results)
-    summary = (f"{len(results) - len(failed)} of {len(results)} notebooks ran, in {wall:.0f} s ({workers} at a time); "
-               f"longest {longest:.0f} s, {len(slow)} over {NOTEBOOK_BUDGET_S} s")
+    summary = (
+        f"{len(results) - len(failed)} of {len(results)} notebooks ran, in {wall:.0f} s ({workers} at a time); "
+        f"longest {longest:.0f} s, {len(slow)} over {NOTEBOOK_BUDGET_S} s"
+    )
     return not failed and not slow, summary
 
 
@@ -115,7 +139,9 @@ def run_repro(device: str) -> tuple[bool, str]:
     wrong = []
     for args, run in zip(examples, runs):
         ok = run.returncode == EXPECTED[args]
-        print(f"  exit {run.returncode} (expected {EXPECTED[args]}) {'ok' if ok else 'WRONG'}: repro {args}", flush=True)
+        print(
+            f"  exit {run.returncode} (expected {EXPECTED[args]}) {'ok' if ok else 'WRONG'}: repro {args}", flush=True
+        )
         if not ok:
             wrong.append(args)
             print(run.stdout[-1500:], run.stderr[-1500:], sep="\n", flush=True)
@@ -132,14 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("make test-gpu needs a CUDA GPU, and torch sees none; `make test` checks the suite on the CPU",
-              file=sys.stderr)
+        print(
+            "make test-gpu needs a CUDA GPU, and torch sees none; `make test` checks the suite on the CPU",
+            file=sys.stderr,
+        )
         return 2
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}", flush=True)
+    print(
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}",
+        flush=True,
+    )
     summary = []
-    for name, part in (("units", run_units), ("notebooks", lambda: run_notebooks(args.notebook_workers)),
-                       ("repro", lambda: run_repro(args.device))):
+    for name, part in (
+        ("units", run_units),
+        ("notebooks", lambda: run_notebooks(args.notebook_workers)),
+        ("repro", lambda: run_repro(args.device)),
+    ):
         if name in parts:
             print(f"== {name} ==", flush=True)
             start = time.perf_counter()

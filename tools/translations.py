@@ -33,8 +33,10 @@ import polib
 ROOT = Path(__file__).resolve().parents[1]
 ZH = "notebooks/zh"
 HASH_DIGITS = 12
-FIX = ("run `.venv/bin/python tools/translations.py update`, translate the entries it marks fuzzy or leaves "
-       "empty in {po}, then `make zh`")
+FIX = (
+    "run `.venv/bin/python tools/translations.py update`, translate the entries it marks fuzzy or leaves "
+    "empty in {po}, then `make zh`"
+)
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,17 @@ def markdown_units(text: str) -> list[Unit]:
                 i += 1
             i += 1
         elif line.strip() and not line.startswith(("#", "|")):  # a paragraph or list item and its continuation
-            while i < len(lines) and lines[i].strip() and not ITEM.match(lines[i]) \
-                    and not lines[i].startswith(("#", "|", "```", "<!--")):
+            while (
+                i < len(lines)
+                and lines[i].strip()
+                and not ITEM.match(lines[i])
+                and not lines[i].startswith(("#", "|", "```", "<!--"))
+            ):
                 i += 1
         block = "\n".join(lines[start:i])
-        translatable = bool(re.search(r"[A-Za-z]", block)) and not block.startswith(("```", "<!--")) \
-            and not RULE.fullmatch(block)
+        translatable = (
+            bool(re.search(r"[A-Za-z]", block)) and not block.startswith(("```", "<!--")) and not RULE.fullmatch(block)
+        )
         units.append(Unit(block, f"line {start + 1} ({block.strip()[:40]!r})", translatable=translatable))
     return units
 
@@ -132,7 +139,7 @@ def cells_in_scope(notebook: nbformat.NotebookNode, doc: Document) -> list[nbfor
     if doc.until is None:
         return cells[start:]
     if doc.until == "":
-        return cells[start:start + 1]
+        return cells[start : start + 1]
     stop = next((i for i in range(start + 1, len(cells)) if cells[i].source.startswith(doc.until)), None)
     if stop is None:
         raise SystemExit(f"translations: {doc.source} has no cell starting with {doc.until!r}; update DOCUMENTS")
@@ -143,20 +150,24 @@ def english_units(doc: Document) -> list[Unit]:
     """The units of ``doc``'s English file that a translator translates, in order."""
     if doc.is_notebook:
         notebook = nbformat.read(ROOT / doc.source, as_version=4)
-        return [Unit(c.source, f"cell {c.id}", key=c.id) for c in cells_in_scope(notebook, doc)
-                if c.cell_type == "markdown"]
+        return [
+            Unit(c.source, f"cell {c.id}", key=c.id) for c in cells_in_scope(notebook, doc) if c.cell_type == "markdown"
+        ]
     return [u for u in markdown_units((ROOT / doc.source).read_text(encoding="utf-8")) if u.translatable]
 
 
 # --- the PO files ------------------------------------------------------------------------------------------------
 
+
 def _header(doc: Document) -> str:
     key = "the English cell id, then " if doc.is_notebook else ""
-    return (f"Chinese (Simplified) translation of {doc.source}.\n"
-            f"msgctxt: {key}the first {HASH_DIGITS} hex digits of the SHA-256 of the English text (msgid).\n"
-            "Write links as the English does, relative to the English file: make zh rewrites them.\n"
-            "After an English edit: .venv/bin/python tools/translations.py update, revise the fuzzy entries, "
-            "then make zh.")
+    return (
+        f"Chinese (Simplified) translation of {doc.source}.\n"
+        f"msgctxt: {key}the first {HASH_DIGITS} hex digits of the SHA-256 of the English text (msgid).\n"
+        "Write links as the English does, relative to the English file: make zh rewrites them.\n"
+        "After an English edit: .venv/bin/python tools/translations.py update, revise the fuzzy entries, "
+        "then make zh."
+    )
 
 
 def load_catalog(doc: Document) -> polib.POFile:
@@ -164,8 +175,13 @@ def load_catalog(doc: Document) -> polib.POFile:
     if path.exists():
         return polib.pofile(str(path), wrapwidth=100)
     catalog = polib.POFile(wrapwidth=100)
-    catalog.metadata = {"Project-Id-Version": "cglab", "Language": "zh_CN", "MIME-Version": "1.0",
-                        "Content-Type": "text/plain; charset=UTF-8", "Content-Transfer-Encoding": "8bit"}
+    catalog.metadata = {
+        "Project-Id-Version": "cglab",
+        "Language": "zh_CN",
+        "MIME-Version": "1.0",
+        "Content-Type": "text/plain; charset=UTF-8",
+        "Content-Transfer-Encoding": "8bit",
+    }
     return catalog
 
 
@@ -269,8 +285,10 @@ def translate(unit: Unit, catalog: polib.POFile, doc: Document) -> tuple[str, li
         reason = "changed since it was translated" if before else "is new, or changed since it was translated"
         return unit.text, [f"{doc.source} {unit.where}: {reason}; {fix}"]
     if "fuzzy" in entry.flags:
-        return unit.text, [f"{doc.source} {unit.where}: its translation is marked fuzzy (the English changed); "
-                           f"revise it in {doc.po}, remove the fuzzy flag, then `make zh`"]
+        return unit.text, [
+            f"{doc.source} {unit.where}: its translation is marked fuzzy (the English changed); "
+            f"revise it in {doc.po}, remove the fuzzy flag, then `make zh`"
+        ]
     if not entry.msgstr.strip():
         return unit.text, [f"{doc.source} {unit.where}: not translated yet; {fix}"]
     return entry.msgstr, [f"{doc.po}, {unit.where}: the translation {p}" for p in lint(unit.text, entry.msgstr)]
@@ -279,8 +297,9 @@ def translate(unit: Unit, catalog: polib.POFile, doc: Document) -> tuple[str, li
 def _note(doc: Document) -> str:
     link = Path(os.path.relpath(ROOT / doc.source, (ROOT / doc.target).parent)).as_posix()
     section = f"#{anchor(doc.first)}" if doc.first else ""
-    return ORIGINAL.format(name=Path(doc.source).name, link=link + section,
-                           extra=NOTEBOOK_EXTRA if doc.is_notebook else "")
+    return ORIGINAL.format(
+        name=Path(doc.source).name, link=link + section, extra=NOTEBOOK_EXTRA if doc.is_notebook else ""
+    )
 
 
 def build_notebook(doc: Document, catalog: polib.POFile) -> tuple[str, list[str]]:
@@ -295,8 +314,9 @@ def build_notebook(doc: Document, catalog: polib.POFile) -> tuple[str, list[str]
     cells.insert(1, nbformat.v4.new_markdown_cell(_note(doc), id="zh-original"))
     if doc.until:
         link = Path(os.path.relpath(ROOT / doc.source, (ROOT / doc.target).parent)).as_posix()
-        rest = REST.format(heading=doc.until.lstrip("#").strip(), name=Path(doc.source).name, link=link,
-                           anchor=anchor(doc.until))
+        rest = REST.format(
+            heading=doc.until.lstrip("#").strip(), name=Path(doc.source).name, link=link, anchor=anchor(doc.until)
+        )
         cells.append(nbformat.v4.new_markdown_cell(rest, id="zh-rest"))
     widget_view = "application/vnd.jupyter.widget-view+json"
     if not any(widget_view in o.get("data", {}) for c in cells if c.cell_type == "code" for o in c.outputs):
@@ -326,8 +346,13 @@ def build(doc: Document) -> tuple[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", nargs="?", choices=("build", "update", "check"), default="build",
-                        help="build (default): write the translations; update: sync the PO files; check: report only")
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=("build", "update", "check"),
+        default="build",
+        help="build (default): write the translations; update: sync the PO files; check: report only",
+    )
     args = parser.parse_args(argv)
     problems = []
     for doc in DOCUMENTS:
@@ -345,8 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(problem, file=sys.stderr)
     if args.command == "build":
-        print(f"wrote {len(DOCUMENTS)} files to {ZH}/" + (f"; English left where a translation is missing or stale "
-                                                           f"({len(problems)} problems above)" if problems else ""))
+        print(
+            f"wrote {len(DOCUMENTS)} files to {ZH}/"
+            + (
+                f"; English left where a translation is missing or stale ({len(problems)} problems above)"
+                if problems
+                else ""
+            )
+        )
     return 1 if problems else 0
 
 

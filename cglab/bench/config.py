@@ -19,14 +19,20 @@ from cglab.config import (
 from cglab.errors import ConfigError
 from cglab.kernels import check_kernels
 
-__all__ = ["LIMIT_NOTE", "MAX_BATCH", "MAX_LAYERS", "MAX_MEMORY_GIB", "BenchConfig", "check_bounds",
-           "memory_estimate"]
+__all__ = ["LIMIT_NOTE", "MAX_BATCH", "MAX_LAYERS", "MAX_MEMORY_GIB", "BenchConfig", "check_bounds", "memory_estimate"]
 
 MAX_BATCH = 1024
 MAX_MEMORY_GIB = 16  # the whole run, all runners; by this estimate the defaults (six modes) need about 9 GiB
 BLOCK_SIZE = 4
-_BOUNDS = {"num_heads": (1, 256), "hidden_size": (1, 8192), "repeats": (5, 100_000), "warmup": (0, 10_000),
-           "profile_steps": (1, 100), "prompt_len": (1, 8192), "max_model_len": (2, 8192)}
+_BOUNDS = {
+    "num_heads": (1, 256),
+    "hidden_size": (1, 8192),
+    "repeats": (5, 100_000),
+    "warmup": (0, 10_000),
+    "profile_steps": (1, 100),
+    "prompt_len": (1, 8192),
+    "max_model_len": (2, 8192),
+}
 
 
 def check_bounds(owner: object, bounds: dict[str, tuple[int, int]]) -> None:
@@ -47,10 +53,12 @@ def check_memory(toy: ToyConfig, n_runners: int, what: str) -> None:
     """Refuse a run whose ``memory_estimate`` exceeds ``MAX_MEMORY_GIB``."""
     gib = memory_estimate(toy, n_runners) / 2**30
     if gib > MAX_MEMORY_GIB:
-        raise ConfigError(f"this run would need about {gib:.0f} GiB ({what}, {len(toy.layers)} layers, hidden "
-                          f"{toy.hidden_size}, {toy.max_num_reqs} requests of up to {toy.max_model_len} tokens), "
-                          f"above the {MAX_MEMORY_GIB} GiB limit {LIMIT_NOTE}; use fewer layers, a smaller "
-                          "hidden_size, fewer modes, smaller batch sizes or max_model_len")
+        raise ConfigError(
+            f"this run would need about {gib:.0f} GiB ({what}, {len(toy.layers)} layers, hidden "
+            f"{toy.hidden_size}, {toy.max_num_reqs} requests of up to {toy.max_model_len} tokens), "
+            f"above the {MAX_MEMORY_GIB} GiB limit {LIMIT_NOTE}; use fewer layers, a smaller "
+            "hidden_size, fewer modes, smaller batch sizes or max_model_len"
+        )
 
 
 def parse_modes(modes: object, device_type: str) -> tuple[str, ...]:
@@ -60,8 +68,10 @@ def parse_modes(modes: object, device_type: str) -> tuple[str, ...]:
     chosen = choose_names("modes", modes, MODE_NAMES)
     gpu_only = sorted(m for m in chosen if BENCH_MODES[m].cuda_only and device_type != "cuda")
     if gpu_only:
-        raise ConfigError(f"mode {gpu_only[0]} needs a CUDA GPU (torch.compile's CUDA graph trees run on CUDA "
-                          "only); drop it from the modes or use device 'cuda'")
+        raise ConfigError(
+            f"mode {gpu_only[0]} needs a CUDA GPU (torch.compile's CUDA graph trees run on CUDA "
+            "only); drop it from the modes or use device 'cuda'"
+        )
     return chosen
 
 
@@ -114,15 +124,27 @@ class BenchConfig:
         set_(self, "kernels", check_kernels(self.kernels, device_type))
         check_bounds(self, _BOUNDS)
         if self.max_model_len <= self.prompt_len:
-            raise ConfigError(f"max_model_len ({self.max_model_len}) must exceed prompt_len ({self.prompt_len}): "
-                              "the timed decode step adds one token")
+            raise ConfigError(
+                f"max_model_len ({self.max_model_len}) must exceed prompt_len ({self.prompt_len}): "
+                "the timed decode step adds one token"
+            )
         check_memory(self.toy_config(), len(self.modes), f"{len(self.modes)} runners")
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> BenchConfig:
         """The small CPU run (well under a minute): 4 layers, hidden 32, fp32, batch 1-8, 20 repeats."""
-        quick = dict(layers="sconv,attn,compressor,attn", hidden_size=32, num_heads=2, dtype="float32",
-                     batch_sizes=(1, 2, 4, 8), repeats=20, warmup=3, prompt_len=8, max_model_len=32, profile_steps=2)
+        quick = dict(
+            layers="sconv,attn,compressor,attn",
+            hidden_size=32,
+            num_heads=2,
+            dtype="float32",
+            batch_sizes=(1, 2, 4, 8),
+            repeats=20,
+            warmup=3,
+            prompt_len=8,
+            max_model_len=32,
+            profile_steps=2,
+        )
         return cls(**{**quick, "quick": True, **overrides})
 
     @classmethod
@@ -131,15 +153,29 @@ class BenchConfig:
         1, 16 and 128 (13 s on an H200; compiled rows would add a cold compile each), on a CPU the
         quick preset at batch 1 and 8."""
         if str(device).split(":")[0] == "cuda":
-            return cls(device=device, batch_sizes=(1, 16, 128), modes=("none", "piecewise", "full"),
-                       repeats=50, warmup=5, profile_steps=1)
+            return cls(
+                device=device,
+                batch_sizes=(1, 16, 128),
+                modes=("none", "piecewise", "full"),
+                repeats=50,
+                warmup=5,
+                profile_steps=1,
+            )
         return cls.quick_preset(device=device, batch_sizes=(1, 8), repeats=5, profile_steps=1)
 
     def toy_config(self) -> ToyConfig:
         """The engine's config: one request per batch row, caches just large enough for the run."""
         pool = max(self.batch_sizes)
         blocks_per_request = -(-(self.prompt_len + 1) // BLOCK_SIZE)
-        return ToyConfig(layers=self.layers, hidden_size=self.hidden_size, num_heads=self.num_heads, dtype=self.dtype,
-                         block_size=BLOCK_SIZE, num_blocks=pool * blocks_per_request, max_num_reqs=pool,
-                         max_model_len=self.max_model_len, max_num_batched_tokens=max(pool, self.prompt_len),
-                         seed=self.seed)
+        return ToyConfig(
+            layers=self.layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            dtype=self.dtype,
+            block_size=BLOCK_SIZE,
+            num_blocks=pool * blocks_per_request,
+            max_num_reqs=pool,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=max(pool, self.prompt_len),
+            seed=self.seed,
+        )

@@ -37,8 +37,11 @@ def collect_environment(device: torch.device) -> dict[str, Any]:
     }
     if cuda:
         props = torch.cuda.get_device_properties(device)
-        env["gpu"] = {"capability": f"{props.major}.{props.minor}", "memory_gib": round(props.total_memory / 2**30, 1),
-                      "multiprocessors": props.multi_processor_count}
+        env["gpu"] = {
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "multiprocessors": props.multi_processor_count,
+        }
         env["timer"] = "CUDA events around ModelRunner.execute (device); time.perf_counter_ns incl. sync (host)"
         env["kernel_floor"] = "torch.profiler: summed durations of the step's kernels, copies and fills"
         env["launches"] = "torch.profiler: distinct CUDA correlation ids among the step's GPU activities"
@@ -69,8 +72,13 @@ def _nvidia_driver(device: torch.device) -> str | None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader", f"--id={index}"],
-                             capture_output=True, text=True, timeout=20, check=True)
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader", f"--id={index}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

@@ -28,18 +28,51 @@ from cglab.bench.modes import MODE_NAMES
 from cglab.compare import dumps
 from cglab.errors import ConfigError, NotSavedError
 
-__all__ = ["CSV_COLUMNS", "EXTRA_COLUMNS", "FORMAT", "BenchResult", "check_output", "load_results", "read_pair",
-           "result_paths", "save_or_keep", "save_pair", "save_results"]
+__all__ = [
+    "CSV_COLUMNS",
+    "EXTRA_COLUMNS",
+    "FORMAT",
+    "BenchResult",
+    "check_output",
+    "load_results",
+    "read_pair",
+    "result_paths",
+    "save_or_keep",
+    "save_pair",
+    "save_results",
+]
 
 CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
-EXTRA_COLUMNS = ("host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us", "kernel_span_us", "kernels",
-                 "counted_launches", "graph_segments", "eager_breaks", "attn_key_range", "repeats")
-_INT_COLUMNS = frozenset({"batch_size", "launches", "kernels", "counted_launches", "graph_segments", "eager_breaks",
-                          "attn_key_range", "repeats"})
+EXTRA_COLUMNS = (
+    "host_median_us",
+    "host_p10_us",
+    "host_p90_us",
+    "enqueue_median_us",
+    "kernel_span_us",
+    "kernels",
+    "counted_launches",
+    "graph_segments",
+    "eager_breaks",
+    "attn_key_range",
+    "repeats",
+)
+_INT_COLUMNS = frozenset(
+    {
+        "batch_size",
+        "launches",
+        "kernels",
+        "counted_launches",
+        "graph_segments",
+        "eager_breaks",
+        "attn_key_range",
+        "repeats",
+    }
+)
 _STR_COLUMNS = frozenset({"mode", "backend"})
 # Timed in every row; kernel_floor_us and kernel_span_us may be nan (the profiler saw no GPU work).
-_MEASURED = frozenset({"median_us", "p10_us", "p90_us", "host_median_us", "host_p10_us", "host_p90_us",
-                       "enqueue_median_us"})
+_MEASURED = frozenset(
+    {"median_us", "p10_us", "p90_us", "host_median_us", "host_p10_us", "host_p90_us", "enqueue_median_us"}
+)
 # Counts that may be unknown: the peer's structure is torch's, and only a GPU profiler sees its launches.
 _MAYBE_UNCOUNTED = frozenset({"launches", *EXTRA_COLUMNS})
 # /2 added the compiled rows, the peer and the roofline; /1 files (three modes) still read.
@@ -85,8 +118,7 @@ def result_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     base = Path(text)
     # "", ".", ".." and "dir/" name a directory, not a file to put beside it.
     if not text.strip() or text.endswith(("/", os.sep)) or base.name in ("", ".", ".."):
-        raise ConfigError(f"--out must name a file such as results/run (it writes run.csv and run.json), "
-                          f"got {text!r}")
+        raise ConfigError(f"--out must name a file such as results/run (it writes run.csv and run.json), got {text!r}")
     if base.suffix in (".csv", ".json"):
         base = base.with_suffix("")
     return base.with_name(base.name + ".csv"), base.with_name(base.name + ".json")
@@ -109,8 +141,10 @@ def _check_targets(targets: tuple[Path, Path], force: bool) -> None:
             raise ConfigError(f"{target} is a directory; choose another --out path")
     existing = [p for p in targets if p.exists()]
     if existing and not force:
-        raise ConfigError(f"{existing[0]} already exists; pass --force (force=True in Python) to overwrite it, "
-                          "or choose another --out path")
+        raise ConfigError(
+            f"{existing[0]} already exists; pass --force (force=True in Python) to overwrite it, "
+            "or choose another --out path"
+        )
     ancestor = _nearest_existing(targets[0].parent)  # save_pair creates the missing directories below it
     if not ancestor.is_dir():
         raise ConfigError(f"{ancestor} is a file, not a directory; choose an --out path under a directory")
@@ -146,14 +180,18 @@ def _refusal(exc: OSError, targets: tuple[Path, Path]) -> str:
     limit = _name_max(ancestor)
     folder_name = max(targets[0].parent.parts, key=len, default="")
     if len(folder_name) > limit:
-        return (f"--out has a directory name of {len(folder_name)} characters ({folder_name[:16]}...), over the "
-                f"{limit} this file system allows; choose a shorter --out path")
+        return (
+            f"--out has a directory name of {len(folder_name)} characters ({folder_name[:16]}...), over the "
+            f"{limit} this file system allows; choose a shorter --out path"
+        )
     scratch = len(_scratch_path(targets[1], "tmp").name)  # the longest name the save writes
     base = len(targets[0].name) - len(".csv")
     if scratch > limit:
-        return (f"--out's file name has {base} characters, and the temporary files saving writes beside it would "
-                f"have {scratch}, over the {limit} this file system allows; choose an --out name of at most "
-                f"{limit - (scratch - base)} characters")
+        return (
+            f"--out's file name has {base} characters, and the temporary files saving writes beside it would "
+            f"have {scratch}, over the {limit} this file system allows; choose an --out name of at most "
+            f"{limit - (scratch - base)} characters"
+        )
     return "--out is too long a path for this file system; choose a shorter --out path"
 
 
@@ -180,8 +218,13 @@ def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool 
 
 
 @termination_deferred()
-def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns: list[str],
-              sidecar: dict[str, Any], force: bool = False) -> tuple[Path, Path]:
+def save_pair(
+    path: str | os.PathLike[str],
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    sidecar: dict[str, Any],
+    force: bool = False,
+) -> tuple[Path, Path]:
     """Write ``rows`` as ``PATH.csv`` and ``sidecar`` as ``PATH.json``, as a pair: both go to temporary
     files beside their targets, and are renamed over them (``os.replace``) only once both are written.
 
@@ -222,8 +265,9 @@ def save_pair(path: str | os.PathLike[str], rows: list[dict[str, Any]], columns:
     return targets
 
 
-def save_or_keep(save: Callable[[str | os.PathLike[str], bool], tuple[Path, Path]], path: str | os.PathLike[str],
-                 force: bool = False) -> tuple[Path, Path]:
+def save_or_keep(
+    save: Callable[[str | os.PathLike[str], bool], tuple[Path, Path]], path: str | os.PathLike[str], force: bool = False
+) -> tuple[Path, Path]:
     """``save(path, force)``, and if that fails (disk full, a folder gone, a file that appeared
     meanwhile), the same result under a new name: first beside ``path``, then in the temporary
     folder, never over an existing file. Then ``NotSavedError`` says where it was kept, so that a
@@ -241,11 +285,17 @@ def save_or_keep(save: Callable[[str | os.PathLike[str], bool], tuple[Path, Path
         except (OSError, ConfigError) as exc:
             failures.append(f"{folder}: {_reason(exc)}")
             continue
-        raise NotSavedError(f"could not write {targets[0]} and {targets[1].name} ({reason}), so the measurements "
-                            f"were kept in {kept[0]} and {kept[1].name}; once the cause is fixed, rename them to "
-                            f"{targets[0].name} and {targets[1].name}", kept)
-    raise NotSavedError(f"could not write {targets[0]} and {targets[1].name} ({reason}), nor a copy "
-                        f"({'; '.join(failures)}): free some space or choose another --out path", None)
+        raise NotSavedError(
+            f"could not write {targets[0]} and {targets[1].name} ({reason}), so the measurements "
+            f"were kept in {kept[0]} and {kept[1].name}; once the cause is fixed, rename them to "
+            f"{targets[0].name} and {targets[1].name}",
+            kept,
+        )
+    raise NotSavedError(
+        f"could not write {targets[0]} and {targets[1].name} ({reason}), nor a copy "
+        f"({'; '.join(failures)}): free some space or choose another --out path",
+        None,
+    )
 
 
 def _reason(exc: OSError | ConfigError) -> str:
@@ -306,6 +356,7 @@ def load_results(path: str | os.PathLike[str]) -> BenchResult:
     A damaged pair is refused: no rows, missing or repeated (mode, batch size) rows against the
     JSON's config, unknown modes, fractional counts, non-finite or negative timings.
     """
+
     def parse(lines: list[dict[str | None, str | None]], sidecar: dict[str, Any]) -> BenchResult:
         rows = [_parse_row(line, row) for line, row in enumerate(lines, start=2)]
         result = BenchResult(rows, dict(sidecar["environment"]), dict(sidecar["config"]))
@@ -315,8 +366,14 @@ def load_results(path: str | os.PathLike[str]) -> BenchResult:
     return read_pair(path, CSV_COLUMNS, _READABLE_FORMATS, "benchmark results", "python -m cglab bench", parse)
 
 
-def read_pair(path: str | os.PathLike[str], columns: Sequence[str], formats: tuple[str, ...], what: str, command: str,
-              parse: Callable[[list[dict[str | None, str | None]], dict[str, Any]], T]) -> T:
+def read_pair(
+    path: str | os.PathLike[str],
+    columns: Sequence[str],
+    formats: tuple[str, ...],
+    what: str,
+    command: str,
+    parse: Callable[[list[dict[str | None, str | None]], dict[str, Any]], T],
+) -> T:
     """``parse(csv rows as text, sidecar)`` of the pair at ``path``. A CSV without ``columns``, a sidecar
     of another format, or anything ``parse`` rejects (ValueError, KeyError, TypeError) becomes one
     ConfigError saying how to make the pair again with ``command``."""
@@ -337,8 +394,9 @@ def read_pair(path: str | os.PathLike[str], columns: Sequence[str], formats: tup
             raise ValueError(f"{json_path.name} is not a {formats[-1]} sidecar")
         return parse(lines, sidecar)
     except (ValueError, KeyError, TypeError, csv.Error) as exc:
-        raise ConfigError(f"{base} is not a usable cglab result: {exc}; re-record it with "
-                          f"`{command} --out {base}`") from None
+        raise ConfigError(
+            f"{base} is not a usable cglab result: {exc}; re-record it with `{command} --out {base}`"
+        ) from None
 
 
 def _parse_row(line: int, row: dict[str | None, str | None]) -> dict[str, Any]:
@@ -395,5 +453,7 @@ def _check_rows(result: BenchResult) -> None:
         if seen != expected:
             absent = sorted(expected - seen)
             detail = f"; missing {absent[0][0]} batch {absent[0][1]}" if absent else "; rows outside the config"
-            raise ValueError(f"the CSV has {len(seen)} rows but the JSON's config measured {len(expected)} "
-                             f"({len(modes)} modes x {len(sizes)} batch sizes){detail}")
+            raise ValueError(
+                f"the CSV has {len(seen)} rows but the JSON's config measured {len(expected)} "
+                f"({len(modes)} modes x {len(sizes)} batch sizes){detail}"
+            )

@@ -29,19 +29,43 @@ class BenchMode:
     cuda_only: bool = False  # CUDA graph trees exist only on a GPU
 
 
-BENCH_MODES: dict[str, BenchMode] = {m.name: m for m in (
-    BenchMode("none", CUDAGraphMode.NONE, "plain", "eager (NONE)", "the plain model, run eagerly"),
-    BenchMode("piecewise", CUDAGraphMode.PIECEWISE, "plain", "PIECEWISE",
-              "the plain model, breakable PIECEWISE: graph segments between attention's eager breaks"),
-    BenchMode("full", CUDAGraphMode.FULL, "plain", "FULL", "the plain model, one FULL graph"),
-    BenchMode("compiled_piecewise", CUDAGraphMode.PIECEWISE, "compiled", "compiled PIECEWISE",
-              "torch.compile split at attention (inductor on a GPU), one graph per piece"),
-    BenchMode("compiled_full", CUDAGraphMode.FULL, "compiled", "compiled FULL",
-              "torch.compile (inductor on a GPU), one FULL graph of the compiled forward"),
-    BenchMode("reduce_overhead", CUDAGraphMode.NONE, "reduce-overhead", 'torch.compile "reduce-overhead"',
-              'torch.compile(mode="reduce-overhead"): inductor and torch\'s CUDA graph trees; the engine '
-              "captures nothing", cuda_only=True),
-)}
+BENCH_MODES: dict[str, BenchMode] = {
+    m.name: m
+    for m in (
+        BenchMode("none", CUDAGraphMode.NONE, "plain", "eager (NONE)", "the plain model, run eagerly"),
+        BenchMode(
+            "piecewise",
+            CUDAGraphMode.PIECEWISE,
+            "plain",
+            "PIECEWISE",
+            "the plain model, breakable PIECEWISE: graph segments between attention's eager breaks",
+        ),
+        BenchMode("full", CUDAGraphMode.FULL, "plain", "FULL", "the plain model, one FULL graph"),
+        BenchMode(
+            "compiled_piecewise",
+            CUDAGraphMode.PIECEWISE,
+            "compiled",
+            "compiled PIECEWISE",
+            "torch.compile split at attention (inductor on a GPU), one graph per piece",
+        ),
+        BenchMode(
+            "compiled_full",
+            CUDAGraphMode.FULL,
+            "compiled",
+            "compiled FULL",
+            "torch.compile (inductor on a GPU), one FULL graph of the compiled forward",
+        ),
+        BenchMode(
+            "reduce_overhead",
+            CUDAGraphMode.NONE,
+            "reduce-overhead",
+            'torch.compile "reduce-overhead"',
+            'torch.compile(mode="reduce-overhead"): inductor and torch\'s CUDA graph trees; the engine '
+            "captures nothing",
+            cuda_only=True,
+        ),
+    )
+}
 MODE_NAMES = tuple(BENCH_MODES)
 # The policies the start-up measurement (``cglab.bench.startup``) compares; here, away from torch, for
 # the command line to check ``--policies`` before it imports anything heavy.

@@ -52,8 +52,9 @@ def without_profiler_log_lines() -> Iterator[None]:
             os.dup2(saved, fd)
             os.close(saved)
             capture.seek(0)
-            kept = b"".join(line for line in capture.read().splitlines(keepends=True)
-                            if not line.startswith(_LOG_PREFIX))
+            kept = b"".join(
+                line for line in capture.read().splitlines(keepends=True) if not line.startswith(_LOG_PREFIX)
+            )
             if kept:
                 os.write(fd, kept)
 
@@ -76,8 +77,13 @@ class Window:
     last_end: float = -math.inf
 
 
-def profile_steps(prepare: Callable[[str, int], Callable[[], None]], rows: list[dict[str, Any]],
-                  profile_steps: int, cuda: bool, environment: dict[str, Any]) -> None:
+def profile_steps(
+    prepare: Callable[[str, int], Callable[[], None]],
+    rows: list[dict[str, Any]],
+    profile_steps: int,
+    cuda: bool,
+    environment: dict[str, Any],
+) -> None:
     """Fill each row's ``kernel_floor_us`` and ``kernel_span_us`` (on a GPU also ``launches`` and
     ``kernels``) from one profiler session over ``profile_steps`` runs of each row's step.
 
@@ -119,17 +125,23 @@ def profile_steps(prepare: Callable[[str, int], Callable[[], None]], rows: list[
     if cuda:
         environment["profiler_device_events"] = diagnostics
         if unseen:
-            environment["profiler_note"] = (f"the profiler saw no GPU activity in {unseen} row(s): their "
-                                            "kernel_floor_us is nan, launches and kernels are the structural counts")
+            environment["profiler_note"] = (
+                f"the profiler saw no GPU activity in {unseen} row(s): their "
+                "kernel_floor_us is nan, launches and kernels are the structural counts"
+            )
 
 
 def attribute(events: Any, cuda: bool) -> tuple[dict[tuple[str, int, int], Window], dict[str, Any]]:
     """Sort the profiler's events into the profiled steps, by midpoint; also say what was seen."""
-    markers = [(e.name[len(MARKER):].split("/"), e.time_range) for e in events
-               if e.name.startswith(MARKER) and e.device_type == torch.autograd.DeviceType.CPU]
+    markers = [
+        (e.name[len(MARKER) :].split("/"), e.time_range)
+        for e in events
+        if e.name.startswith(MARKER) and e.device_type == torch.autograd.DeviceType.CPU
+    ]
     if cuda:  # GPU work, not the GPU-side copies of our named ranges
-        device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
-                  and not e.name.startswith(MARKER)]
+        device = [
+            e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(MARKER)
+        ]
         kinds = Counter(str(getattr(e, "activity_type", None)) for e in device)
         if any(k in kinds for k in _WORK_ACTIVITIES):  # torch labels activities: keep kernels, copies, fills
             device = [e for e in device if getattr(e, "activity_type", None) in _WORK_ACTIVITIES]

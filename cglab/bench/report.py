@@ -14,11 +14,23 @@ from cglab.bench.files import BenchResult
 from cglab.bench.modes import BENCH_MODES
 from cglab.bench.startup import StartupResult
 
-__all__ = ["KERNEL_SET_LABELS", "SIM_FLOOR_NOTE", "Target", "bench_table", "kernel_set", "kernel_sets_table", "ladder",
-           "startup_table", "startup_targets", "targets"]
+__all__ = [
+    "KERNEL_SET_LABELS",
+    "SIM_FLOOR_NOTE",
+    "Target",
+    "bench_table",
+    "kernel_set",
+    "kernel_sets_table",
+    "ladder",
+    "startup_table",
+    "startup_targets",
+    "targets",
+]
 
-SIM_FLOOR_NOTE = ("* op time: the summed CPU time of the aten ops, measured under the profiler, whose tracing slows "
-                  "every op. The simulator has no GPU kernels, so this is no kernel floor and may exceed the median.")
+SIM_FLOOR_NOTE = (
+    "* op time: the summed CPU time of the aten ops, measured under the profiler, whose tracing slows "
+    "every op. The simulator has no GPU kernels, so this is no kernel floor and may exceed the median."
+)
 
 
 KERNEL_SET_LABELS = {"aten": "the ops' aten bodies", "triton": "the toy's Triton kernels"}
@@ -37,15 +49,19 @@ def bench_table(result: BenchResult) -> str:
     header = f"  {'mode':<20}{'batch':>6}{'median us':>12}{'p10':>10}{'p90':>10}{floor:>13}{'launches':>10}"
     lines = [f"{header}{'enqueue us':>12}"]
     for r in result.rows:
-        lines.append(f"  {r['mode']:<20}{r['batch_size']:>6}{r['median_us']:>12.1f}{r['p10_us']:>10.1f}"
-                     f"{r['p90_us']:>10.1f}{r['kernel_floor_us']:>13.1f}{_count(r['launches']):>10}"
-                     f"{r['enqueue_median_us']:>12.1f}")
+        lines.append(
+            f"  {r['mode']:<20}{r['batch_size']:>6}{r['median_us']:>12.1f}{r['p10_us']:>10.1f}"
+            f"{r['p90_us']:>10.1f}{r['kernel_floor_us']:>13.1f}{_count(r['launches']):>10}"
+            f"{r['enqueue_median_us']:>12.1f}"
+        )
     if sim:
         lines.append(f"  {SIM_FLOOR_NOTE}")
     roof = result.environment.get("roofline_us")
     if roof is not None:
-        lines.append(f"  roofline: {roof:.1f} us per step ({result.environment['weight_bytes'] / 1e6:.1f} MB of "
-                     f"weights at {result.environment['memory_bandwidth_gb_s']:.0f} GB/s, measured)")
+        lines.append(
+            f"  roofline: {roof:.1f} us per step ({result.environment['weight_bytes'] / 1e6:.1f} MB of "
+            f"weights at {result.environment['memory_bandwidth_gb_s']:.0f} GB/s, measured)"
+        )
     return "\n".join(lines)
 
 
@@ -53,10 +69,14 @@ def startup_table(result: StartupResult) -> str:
     header = f"  {'policy':<20}{'flavor':<11}{'path':<8}{'graphs':>7}{'compile s':>11}{'capture s':>11}"
     lines = [f"{header}{'startup s':>11}{'memory MiB':>12}"]
     for r in result.rows:
-        lines.append(f"  {r['policy']:<20}{r['flavor']:<11}{r['path']:<8}{r['graphs']:>7}{r['compile_s']:>11.2f}"
-                     f"{r['capture_s']:>11.2f}{r['startup_s']:>11.2f}{r['memory_mib']:>12.1f}")
-    lines.append("  capture s: warmups and captures of every graph, without the compile; startup s: building the "
-                 "engine, all included")
+        lines.append(
+            f"  {r['policy']:<20}{r['flavor']:<11}{r['path']:<8}{r['graphs']:>7}{r['compile_s']:>11.2f}"
+            f"{r['capture_s']:>11.2f}{r['startup_s']:>11.2f}{r['memory_mib']:>12.1f}"
+        )
+    lines.append(
+        "  capture s: warmups and captures of every graph, without the compile; startup s: building the "
+        "engine, all included"
+    )
     return "\n".join(lines)
 
 
@@ -65,10 +85,18 @@ def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
     speed-up over eager (None without an eager row)."""
     rows = {r["mode"]: r for r in result.rows if r["batch_size"] == batch_size}
     eager = rows.get("none")
-    return [{"mode": mode, "label": BENCH_MODES[mode].label, "median_us": r["median_us"], "launches": r["launches"],
-             "kernels": r.get("kernels", math.nan), "kernel_floor_us": r["kernel_floor_us"],
-             "speedup_over_eager": None if eager is None else round(eager["median_us"] / r["median_us"], 3)}
-            for mode, r in ((m, rows[m]) for m in result.modes if m in rows)]
+    return [
+        {
+            "mode": mode,
+            "label": BENCH_MODES[mode].label,
+            "median_us": r["median_us"],
+            "launches": r["launches"],
+            "kernels": r.get("kernels", math.nan),
+            "kernel_floor_us": r["kernel_floor_us"],
+            "speedup_over_eager": None if eager is None else round(eager["median_us"] / r["median_us"], 3),
+        }
+        for mode, r in ((m, rows[m]) for m in result.modes if m in rows)
+    ]
 
 
 def kernel_sets_table(before: BenchResult, after: BenchResult, batch_size: int) -> str:
@@ -77,14 +105,18 @@ def kernel_sets_table(before: BenchResult, after: BenchResult, batch_size: int) 
     a, b = ({r["mode"]: r for r in ladder(res, batch_size)} for res in (before, after))
     names = [kernel_set(res) for res in (before, after)]
     roofs = [res.environment.get("roofline_us") or math.nan for res in (before, after)]
-    lines = [f"  batch {batch_size}: {names[0]} -> {names[1]}",
-             f"  {'mode':<20}{'median us':>16}{'kernels':>12}{'floor us':>14}{'x roofline':>12}"]
+    lines = [
+        f"  batch {batch_size}: {names[0]} -> {names[1]}",
+        f"  {'mode':<20}{'median us':>16}{'kernels':>12}{'floor us':>14}{'x roofline':>12}",
+    ]
     for mode in (m for m in a if m in b):
         x, y = a[mode], b[mode]
-        lines.append(f"  {mode:<20}{x['median_us']:>7.0f} -> {y['median_us']:<5.0f}"
-                     f"{_count(x['kernels']):>5} -> {_count(y['kernels']):<4}{x['kernel_floor_us']:>6.0f} -> "
-                     f"{y['kernel_floor_us']:<5.0f}{x['median_us'] / roofs[0]:>5.0f} -> "
-                     f"{y['median_us'] / roofs[1]:.0f}")
+        lines.append(
+            f"  {mode:<20}{x['median_us']:>7.0f} -> {y['median_us']:<5.0f}"
+            f"{_count(x['kernels']):>5} -> {_count(y['kernels']):<4}{x['kernel_floor_us']:>6.0f} -> "
+            f"{y['kernel_floor_us']:<5.0f}{x['median_us'] / roofs[0]:>5.0f} -> "
+            f"{y['median_us'] / roofs[1]:.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -110,19 +142,40 @@ def targets(result: BenchResult, small_batch: int = 16, baseline: BenchResult | 
     if compiled and _medians(result, "full"):
         worst = _worst(_ratios(compiled, _medians(result, "full"), small_batch))
         if worst is not None:
-            found.append(Target("compiled FULL / FULL", "<= 0.6 at batch <= 16", worst[1], worst[1] <= 0.6,
-                                f"worst at batch {worst[0]}"))
+            found.append(
+                Target(
+                    "compiled FULL / FULL",
+                    "<= 0.6 at batch <= 16",
+                    worst[1],
+                    worst[1] <= 0.6,
+                    f"worst at batch {worst[0]}",
+                )
+            )
     if compiled and _medians(result, "reduce_overhead"):
         worst = _worst(_ratios(compiled, _medians(result, "reduce_overhead"), None))
         if worst is not None:
-            found.append(Target('compiled FULL / torch.compile "reduce-overhead"', "<= 1.0 at every batch", worst[1],
-                                worst[1] <= 1.0, f"worst at batch {worst[0]}"))
+            found.append(
+                Target(
+                    'compiled FULL / torch.compile "reduce-overhead"',
+                    "<= 1.0 at every batch",
+                    worst[1],
+                    worst[1] <= 1.0,
+                    f"worst at batch {worst[0]}",
+                )
+            )
     eager = _medians(result, "none")
     first = min(compiled) if compiled else None
     if first is not None and first in eager:
         ratio = round(eager[first] / compiled[first], 3)
-        found.append(Target("eager / compiled FULL", f">= 8 at batch {first}", ratio, ratio >= 8,
-                            f"{eager[first]:.0f} us over {compiled[first]:.0f} us"))
+        found.append(
+            Target(
+                "eager / compiled FULL",
+                f">= 8 at batch {first}",
+                ratio,
+                ratio >= 8,
+                f"{eager[first]:.0f} us over {compiled[first]:.0f} us",
+            )
+        )
     return found + _fused_kernel_targets(result, small_batch, baseline)
 
 
@@ -131,36 +184,72 @@ def _fused_kernel_targets(result: BenchResult, small_batch: int, baseline: Bench
     compiled FULL rows and over the FULL rows up to ``small_batch``."""
     found = []
     full = {r["batch_size"]: r for r in result.rows if r["mode"] == "full" and r["batch_size"] <= small_batch}
-    floor = _worst({b: round(r["median_us"] / r["kernel_floor_us"], 3) for b, r in full.items()
-                    if r["kernel_floor_us"] > 0})
+    floor = _worst(
+        {b: round(r["median_us"] / r["kernel_floor_us"], 3) for b, r in full.items() if r["kernel_floor_us"] > 0}
+    )
     if floor is not None:
-        found.append(Target("FULL replay / kernel floor", f"<= 1.2 at batch <= {small_batch}", floor[1],
-                            floor[1] <= 1.2, f"worst at batch {floor[0]}"))
+        found.append(
+            Target(
+                "FULL replay / kernel floor",
+                f"<= 1.2 at batch <= {small_batch}",
+                floor[1],
+                floor[1] <= 1.2,
+                f"worst at batch {floor[0]}",
+            )
+        )
     reads_all = [r for r in result.rows if r.get("attn_key_range", 0) >= result.config.get("max_model_len", math.inf)]
     if result.rows and "attn_key_range" in result.rows[0]:
-        found.append(Target("rows whose attention reads max_model_len keys", "0 (live keys only, every mode)",
-                            len(reads_all), not reads_all, ", ".join(sorted({r["mode"] for r in reads_all})) or
-                            "every row reads the live keys"))
+        found.append(
+            Target(
+                "rows whose attention reads max_model_len keys",
+                "0 (live keys only, every mode)",
+                len(reads_all),
+                not reads_all,
+                ", ".join(sorted({r["mode"] for r in reads_all})) or "every row reads the live keys",
+            )
+        )
     compiled = {r["batch_size"]: r for r in result.rows if r["mode"] == "compiled_full"}
     if not compiled:
         return found
     first = min(compiled)
     row = compiled[first]
-    found.append(Target("compiled FULL step", f"<= 300 us at batch {first}", row["median_us"],
-                        row["median_us"] <= 300, f"{row['median_us']:.0f} us"))
+    found.append(
+        Target(
+            "compiled FULL step",
+            f"<= 300 us at batch {first}",
+            row["median_us"],
+            row["median_us"] <= 300,
+            f"{row['median_us']:.0f} us",
+        )
+    )
     if not math.isnan(row.get("kernels", math.nan)):
-        found.append(Target("kernels per compiled FULL step", f"<= 100 at batch {first}", row["kernels"],
-                            row["kernels"] <= 100, f"{_count(row['kernels'])} kernels"))
+        found.append(
+            Target(
+                "kernels per compiled FULL step",
+                f"<= 100 at batch {first}",
+                row["kernels"],
+                row["kernels"] <= 100,
+                f"{_count(row['kernels'])} kernels",
+            )
+        )
     roof = result.environment.get("roofline_us")
     if roof:
         ratio = round(row["median_us"] / roof, 3)
-        found.append(Target("compiled FULL / roofline", f"<= 8 at batch {first}", ratio, ratio <= 8,
-                            f"roofline {roof:.1f} us"))
+        found.append(
+            Target("compiled FULL / roofline", f"<= 8 at batch {first}", ratio, ratio <= 8, f"roofline {roof:.1f} us")
+        )
     before = _medians(baseline, "full").get(first) if baseline is not None else None
     if before:
         ratio = round(row["median_us"] / before, 3)
-        found.append(Target("compiled FULL / the FULL step before the fused kernels", f"<= 0.4 at batch {first}",
-                            ratio, ratio <= 0.4, f"{row['median_us']:.0f} us over {before:.0f} us"))
+        found.append(
+            Target(
+                "compiled FULL / the FULL step before the fused kernels",
+                f"<= 0.4 at batch {first}",
+                ratio,
+                ratio <= 0.4,
+                f"{row['median_us']:.0f} us over {before:.0f} us",
+            )
+        )
     return found
 
 
@@ -171,9 +260,15 @@ def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target
     except KeyError:
         return []
     total = round(row["compile_s"] + row["capture_s"], 3)
-    return [Target("compiled FULL_AND_PIECEWISE start-up (compile + capture)", f"<= {seconds:g} s", total,
-                   total <= seconds, f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, "
-                                     f"capture {row['capture_s']:.1f} s")]
+    return [
+        Target(
+            "compiled FULL_AND_PIECEWISE start-up (compile + capture)",
+            f"<= {seconds:g} s",
+            total,
+            total <= seconds,
+            f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, capture {row['capture_s']:.1f} s",
+        )
+    ]
 
 
 def _medians(result: BenchResult, mode: str) -> dict[int, float]:

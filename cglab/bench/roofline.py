@@ -58,7 +58,10 @@ def measure_bandwidth(device: torch.device, megabytes: int | None = None, repeat
 def roofline(model: nn.Module, bandwidth: float) -> dict[str, Any]:
     """The limit as the results record it: the bytes, the bandwidth and the time they imply."""
     nbytes = weight_bytes(model)
-    return {"weight_bytes": nbytes, "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1),
-            "roofline_us": round(nbytes / bandwidth * 1e6, 3),
-            "roofline": "weights (all parameters but embedding tables) read once per step at the bandwidth of a "
-                        "large device-to-device copy (best of 10)"}
+    return {
+        "weight_bytes": nbytes,
+        "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+        "roofline_us": round(nbytes / bandwidth * 1e6, 3),
+        "roofline": "weights (all parameters but embedding tables) read once per step at the bandwidth of a "
+        "large device-to-device copy (best of 10)",
+    }

@@ -61,8 +61,11 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
     runners: dict[str, ModelRunner] = {}
     skips_before = cudagraph_skips()
-    with (cpu_threads(1 if device.type == "cpu" else None), use_kernels(config.kernels),
-          _progress_bar(len(rounds) * len(keys), progress) as status):
+    with (
+        cpu_threads(1 if device.type == "cpu" else None),
+        use_kernels(config.kernels),
+        _progress_bar(len(rounds) * len(keys), progress) as status,
+    ):
         try:
             # The peer first, with every graph of its recorded before any engine captures one: torch's
             # graph trees clear cuBLAS's workspaces whenever they record, and an engine graph captured
@@ -84,16 +87,31 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
                     warmup = config.warmup if round_index == 0 else min(config.warmup, _REWARM)
                     samples[mode, batch_size].extend(time_steps(runners[mode], prepared, rotations, warmup, repeats))
                     status(None, 1)
-            rows = [_row(mode, batch_size, environment["backend"], samples[mode, batch_size], config, runners[mode],
-                         _prepare(runners[mode], mode, batch_size, decode)) for mode, batch_size in keys]
+            rows = [
+                _row(
+                    mode,
+                    batch_size,
+                    environment["backend"],
+                    samples[mode, batch_size],
+                    config,
+                    runners[mode],
+                    _prepare(runners[mode], mode, batch_size, decode),
+                )
+                for mode, batch_size in keys
+            ]
             if "none" in runners:
                 environment["max_abs_diff_vs_eager"] = _check_outputs(runners, config.batch_sizes, decode)
             status("profiling kernels")
-            profile_steps(lambda mode, batch_size: _step_fn(runners[mode], _prepare(runners[mode], mode, batch_size,
-                                                                                     decode)),
-                          rows, config.profile_steps, device.type == "cuda", environment)
-            environment["startup_seconds"] = {mode: _startup(runner) for mode, runner in runners.items()
-                                              if runner.cudagraph_manager is not None}
+            profile_steps(
+                lambda mode, batch_size: _step_fn(runners[mode], _prepare(runners[mode], mode, batch_size, decode)),
+                rows,
+                config.profile_steps,
+                device.type == "cuda",
+                environment,
+            )
+            environment["startup_seconds"] = {
+                mode: _startup(runner) for mode, runner in runners.items() if runner.cudagraph_manager is not None
+            }
             if "reduce_overhead" in runners:
                 environment["reduce_overhead_cudagraph_skips"] = cudagraph_skips() - skips_before
             status("memory bandwidth")
@@ -101,8 +119,9 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
         finally:
             for runner in runners.values():
                 runner.close()
-    return BenchResult(rows, environment, {**asdict(config), "toy_config": _toy_dict(toy),
-                                                  "capture_sizes": list(config.batch_sizes)})
+    return BenchResult(
+        rows, environment, {**asdict(config), "toy_config": _toy_dict(toy), "capture_sizes": list(config.batch_sizes)}
+    )
 
 
 def build_order(modes: Sequence[str]) -> list[str]:
@@ -111,15 +130,21 @@ def build_order(modes: Sequence[str]) -> list[str]:
     return sorted(modes, key=lambda m: BENCH_MODES[m].flavor != "reduce-overhead")
 
 
-def _make_runner(mode: str, toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device,
-                 status: Callable[..., None]) -> ModelRunner:
+def _make_runner(
+    mode: str, toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, status: Callable[..., None]
+) -> ModelRunner:
     """A runner for ``mode``'s row with a graph for every batch size measured."""
     kind = BENCH_MODES[mode]
     # Every row but the compiled ones runs the plain model: breakable, where PIECEWISE applies.
     # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
     # every backend so CPU and GPU time the same work.
-    cc = CompilationConfig(kind.cg_mode, capture_sizes, use_breakable_cg=kind.flavor != "compiled",
-                           backend=bench_compiler(device.type), check_addresses=False)
+    cc = CompilationConfig(
+        kind.cg_mode,
+        capture_sizes,
+        use_breakable_cg=kind.flavor != "compiled",
+        backend=bench_compiler(device.type),
+        check_addresses=False,
+    )
     return ModelRunner(toy, cc, device=device, progress=lambda d: status(f"captured {d}"))
 
 
@@ -142,8 +167,10 @@ def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int])
     prepared = runner.prepare_step({f"req{i}": [decode[i]] for i in range(batch_size)})
     desc = prepared.descriptor
     if desc.cg_mode is not kind.cg_mode or desc.num_tokens != batch_size:
-        raise ConfigError(f"batch {batch_size} dispatched to {desc}, not to an unpadded {kind.cg_mode.name} step; "
-                          "the benchmark captures exactly the batch sizes it measures")
+        raise ConfigError(
+            f"batch {batch_size} dispatched to {desc}, not to an unpadded {kind.cg_mode.name} step; "
+            "the benchmark captures exactly the batch sizes it measures"
+        )
     return capture_safe(runner, prepared) if kind.flavor == "reduce-overhead" else prepared
 
 
@@ -176,15 +203,18 @@ def _startup(runner: ModelRunner) -> dict[str, float | None]:
     model = runner.forward_model if isinstance(runner.forward_model, CompiledModel) else None
     compiled = None if model is None else model.compile_seconds
     # A reused trace (compilation/caching.py) compiles in a fraction of a first start's time: said so.
-    return {"compile": None if compiled is None else round(compiled, 3),
-            "trace_reused": None if model is None else model.trace_reused,
-            "warmup_and_capture": round(manager.capture_stats.seconds, 3)}
+    return {
+        "compile": None if compiled is None else round(compiled, 3),
+        "trace_reused": None if model is None else model.trace_reused,
+        "warmup_and_capture": round(manager.capture_stats.seconds, 3),
+    }
 
 
 @contextmanager
 def _uncounted(segments: Sequence[GraphSegment], counter: OpCounter) -> Iterator[None]:
     """While active, replaying one of ``segments`` adds nothing to ``counter``: a segment is one
     launch whatever it holds (the simulator re-runs its ops; a GPU launches one graph)."""
+
     def paused(replay: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             counter.active = False
@@ -226,13 +256,23 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
     eager_ops = counter.count + triton_launches() - triton_before
     # The eager breaks: a breakable graph's eager steps, or the splitting ops between compiled pieces.
     compiled = runner.compiled_backend
-    breaks = (sum(item.is_splitting_graph for item in compiled.items) if compiled is not None and
-              desc.cg_mode is CUDAGraphMode.PIECEWISE else sum(graph.num_eager_breaks for graph in graphs))
+    breaks = (
+        sum(item.is_splitting_graph for item in compiled.items)
+        if compiled is not None and desc.cg_mode is CUDAGraphMode.PIECEWISE
+        else sum(graph.num_eager_breaks for graph in graphs)
+    )
     return len(segments) + eager_ops, sum(s.num_ops for s in segments) + eager_ops, len(segments), breaks
 
 
-def _row(mode: str, batch_size: int, backend: str, samples: Samples, config: BenchConfig, runner: ModelRunner,
-         prepared: PreparedStep) -> dict[str, Any]:
+def _row(
+    mode: str,
+    batch_size: int,
+    backend: str,
+    samples: Samples,
+    config: BenchConfig,
+    runner: ModelRunner,
+    prepared: PreparedStep,
+) -> dict[str, Any]:
     kind = BENCH_MODES[mode]
     if kind.flavor == "reduce-overhead":  # torch's graph trees: no structure of ours to count (the profiler can)
         launches, kernels, segments, breaks = (math.nan,) * 4
@@ -244,12 +284,27 @@ def _row(mode: str, batch_size: int, backend: str, samples: Samples, config: Ben
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
     median, p10, p90 = stats(samples.device)
     host_median, host_p10, host_p90 = stats(samples.host)
-    return {"mode": mode, "batch_size": batch_size, "median_us": median, "p10_us": p10, "p90_us": p90,
-            "kernel_floor_us": math.nan, "launches": launches, "backend": backend,
-            "host_median_us": host_median, "host_p10_us": host_p10, "host_p90_us": host_p90,
-            "enqueue_median_us": stats(samples.enqueue)[0], "kernel_span_us": math.nan, "kernels": kernels,
-            "counted_launches": launches, "graph_segments": segments, "eager_breaks": breaks,
-            "attn_key_range": key_range, "repeats": len(samples.device)}
+    return {
+        "mode": mode,
+        "batch_size": batch_size,
+        "median_us": median,
+        "p10_us": p10,
+        "p90_us": p90,
+        "kernel_floor_us": math.nan,
+        "launches": launches,
+        "backend": backend,
+        "host_median_us": host_median,
+        "host_p10_us": host_p10,
+        "host_p90_us": host_p90,
+        "enqueue_median_us": stats(samples.enqueue)[0],
+        "kernel_span_us": math.nan,
+        "kernels": kernels,
+        "counted_launches": launches,
+        "graph_segments": segments,
+        "eager_breaks": breaks,
+        "attn_key_range": key_range,
+        "repeats": len(samples.device),
+    }
 
 
 def _toy_dict(toy: ToyConfig) -> dict[str, Any]:
@@ -265,6 +320,7 @@ def _progress_bar(total: int, enabled: bool) -> Iterator[Callable[..., None]]:
     from tqdm.auto import tqdm
 
     with tqdm(total=total, desc="bench", unit="size") as bar:
+
         def status(text: str | None = None, advance: int = 0) -> None:
             if text is not None:
                 bar.set_postfix_str(text)

@@ -34,14 +34,19 @@ from cglab.compilation_config import CompilationConfig
 from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes, parse_layer_pattern
 from cglab.runner import ModelRunner, resolve_device
 
-__all__ = ["POLICIES", "STARTUP_COLUMNS", "StartupConfig", "StartupResult", "load_startup", "measure_startup",
-           "save_startup"]
+__all__ = [
+    "POLICIES",
+    "STARTUP_COLUMNS",
+    "StartupConfig",
+    "StartupResult",
+    "load_startup",
+    "measure_startup",
+    "save_startup",
+]
 
-STARTUP_COLUMNS = ("policy", "flavor", "path", "backend", "graphs", "compile_s", "capture_s", "startup_s",
-                   "memory_mib")
+STARTUP_COLUMNS = ("policy", "flavor", "path", "backend", "graphs", "compile_s", "capture_s", "startup_s", "memory_mib")
 FORMAT = "cglab-startup/1"
-_BOUNDS = {"num_heads": (1, 256), "hidden_size": (1, 8192), "max_capture_size": (1, 1024),
-           "max_model_len": (2, 8192)}
+_BOUNDS = {"num_heads": (1, 256), "hidden_size": (1, 8192), "max_capture_size": (1, 1024), "max_model_len": (2, 8192)}
 
 
 @dataclass(frozen=True)
@@ -72,16 +77,33 @@ class StartupConfig:
     @classmethod
     def quick_preset(cls, **overrides: Any) -> StartupConfig:
         """A CPU run of seconds: the small model, FULL_AND_PIECEWISE compiled, the ladder to 8."""
-        quick = dict(layers="sconv,attn,compressor,attn", hidden_size=32, num_heads=2, dtype="float32",
-                     max_capture_size=8, max_model_len=32, policies=("full_and_piecewise",), flavors=("compiled",))
+        quick = dict(
+            layers="sconv,attn,compressor,attn",
+            hidden_size=32,
+            num_heads=2,
+            dtype="float32",
+            max_capture_size=8,
+            max_model_len=32,
+            policies=("full_and_piecewise",),
+            flavors=("compiled",),
+        )
         return cls(**{**quick, "quick": True, **overrides})
 
     def toy_config(self) -> ToyConfig:
         """One request per captured token at the largest size; capture writes no cache slot."""
         size = self.max_capture_size
-        return ToyConfig(layers=self.layers, hidden_size=self.hidden_size, num_heads=self.num_heads, dtype=self.dtype,
-                         block_size=BLOCK_SIZE, num_blocks=size, max_num_reqs=size, max_model_len=self.max_model_len,
-                         max_num_batched_tokens=size, seed=self.seed)
+        return ToyConfig(
+            layers=self.layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            dtype=self.dtype,
+            block_size=BLOCK_SIZE,
+            num_blocks=size,
+            max_num_reqs=size,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=size,
+            seed=self.seed,
+        )
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -114,9 +136,11 @@ def measure_startup(config: StartupConfig) -> StartupResult:
     toy = config.toy_config()
     environment = collect_environment(device)
     environment["compile_caches"] = "inductor caches off while each row is measured (every compile is cold)"
-    environment["capture_memory"] = ("device memory in use after capture minus before (torch.cuda.mem_get_info, "
-                                     "cached free blocks returned first)" if device.type == "cuda" else
-                                     "growth of the process's resident memory (simulator: host memory)")
+    environment["capture_memory"] = (
+        "device memory in use after capture minus before (torch.cuda.mem_get_info, cached free blocks returned first)"
+        if device.type == "cuda"
+        else "growth of the process's resident memory (simulator: host memory)"
+    )
     environment["order"] = "rows measured one after the other as listed, after one untimed warm-up start"
     _warm_process(toy, device)
     rows = []
@@ -125,30 +149,48 @@ def measure_startup(config: StartupConfig) -> StartupResult:
         for flavor in config.flavors:
             for path in paths:
                 rows.append(_start(toy, config.capture_sizes, device, policy, flavor, path))
-    return StartupResult(rows, environment, {**asdict(config), "capture_sizes": list(config.capture_sizes),
-                                             "toy_config": {f.name: getattr(toy, f.name) for f in fields(toy)
-                                                            if f.init}})
+    return StartupResult(
+        rows,
+        environment,
+        {
+            **asdict(config),
+            "capture_sizes": list(config.capture_sizes),
+            "toy_config": {f.name: getattr(toy, f.name) for f in fields(toy) if f.init},
+        },
+    )
 
 
 def _warm_process(toy: ToyConfig, device: torch.device) -> None:
     """Pay what only the first engine of a process pays (imports of the compiler stack, the device's
     context and libraries) on a tiny model, so that it lands in no row."""
-    tiny = ToyConfig(layers=("sconv", "attn"), hidden_size=toy.num_heads * 4, num_heads=toy.num_heads,
-                     dtype=toy.dtype, max_num_reqs=2)
+    tiny = ToyConfig(
+        layers=("sconv", "attn"),
+        hidden_size=toy.num_heads * 4,
+        num_heads=toy.num_heads,
+        dtype=toy.dtype,
+        max_num_reqs=2,
+    )
     cc = _compilation_config("full_and_piecewise", "compiled", "fixed", device, (1, 2))
     ModelRunner(tiny, cc, device=device).close()
 
 
-def _compilation_config(policy: str, flavor: str, path: str, device: torch.device,
-                        capture_sizes: tuple[int, ...]) -> CompilationConfig:
+def _compilation_config(
+    policy: str, flavor: str, path: str, device: torch.device, capture_sizes: tuple[int, ...]
+) -> CompilationConfig:
     # The address guard is a debugging aid: off, so that it costs nothing in the measured start-up.
-    return CompilationConfig(policy, capture_sizes, use_breakable_cg=flavor == "breakable",
-                             legacy_skip_attn=path == "legacy", backend=bench_compiler(device.type),
-                             check_addresses=False)
+    return CompilationConfig(
+        policy,
+        capture_sizes,
+        use_breakable_cg=flavor == "breakable",
+        legacy_skip_attn=path == "legacy",
+        backend=bench_compiler(device.type),
+        check_addresses=False,
+    )
 
 
-def _start(toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, policy: str, flavor: str,
-           path: str) -> dict[str, Any]:
+def _start(
+    toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, policy: str, flavor: str, path: str
+) -> dict[str, Any]:
     gc.collect()
     with _cold_compiles():
         start = time.perf_counter()
@@ -161,10 +203,17 @@ def _start(toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device,
         compiled = runner.forward_model.compile_seconds if isinstance(runner.forward_model, CompiledModel) else None
         compile_s = compiled or 0.0  # the breakable flavor compiles nothing
         memory = math.nan if stats.memory_bytes is None else round(stats.memory_bytes / 2**20, 1)
-        return {"policy": policy, "flavor": flavor, "path": path, "backend": manager.backend.name,
-                "graphs": stats.graphs, "compile_s": round(compile_s, 3),
-                "capture_s": round(stats.seconds, 3),
-                "startup_s": round(startup, 3), "memory_mib": memory}
+        return {
+            "policy": policy,
+            "flavor": flavor,
+            "path": path,
+            "backend": manager.backend.name,
+            "graphs": stats.graphs,
+            "compile_s": round(compile_s, 3),
+            "capture_s": round(stats.seconds, 3),
+            "startup_s": round(startup, 3),
+            "memory_mib": memory,
+        }
     finally:
         runner.close()
         del runner
@@ -188,13 +237,18 @@ def _cold_compiles() -> Iterator[None]:
 # ----------------------------------------------------------------------------------- files
 def save_startup(result: StartupResult, path: str, force: bool = False) -> tuple[Any, Any]:
     """``PATH.csv`` and ``PATH.json``, written as a pair (never over a result without ``force``)."""
-    sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config,
-               "columns": list(STARTUP_COLUMNS)}
+    sidecar = {
+        "format": FORMAT,
+        "environment": result.environment,
+        "config": result.config,
+        "columns": list(STARTUP_COLUMNS),
+    }
     return save_pair(path, result.rows, list(STARTUP_COLUMNS), sidecar, force)
 
 
 def load_startup(path: str) -> StartupResult:
     """Read a pair ``save_startup`` wrote; a damaged one is refused."""
+
     def parse(lines: list[dict[str | None, str | None]], sidecar: dict[str, Any]) -> StartupResult:
         if not lines:
             raise ValueError("the CSV has no rows, only a header")
@@ -220,8 +274,10 @@ def _parse_row(line: int, text: dict[str | None, str | None]) -> dict[str, Any]:
             raise ValueError(f"line {line}: {column} must be a finite number >= 0, got {value!r}")
         else:
             row[column] = int(number) if column == "graphs" else number
-    if row["policy"] not in POLICIES or row["flavor"] not in PIECEWISE_FLAVORS or row["path"] not in ("fixed",
-                                                                                                     "legacy"):
+    if (
+        row["policy"] not in POLICIES
+        or row["flavor"] not in PIECEWISE_FLAVORS
+        or row["path"] not in ("fixed", "legacy")
+    ):
         raise ValueError(f"line {line}: unknown policy, flavor or path {row['policy']}/{row['flavor']}/{row['path']}")
     return row
-

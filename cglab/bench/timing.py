@@ -48,8 +48,9 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-def time_steps(runner: ModelRunner, prepared: PreparedStep, rotations: torch.Tensor, warmup: int,
-               repeats: int) -> Samples:
+def time_steps(
+    runner: ModelRunner, prepared: PreparedStep, rotations: torch.Tensor, warmup: int, repeats: int
+) -> Samples:
     """Time ``repeats`` steps of ``prepared``, each from an idle device, after ``warmup`` untimed ones.
 
     Starting idle means the device time of an eager step includes the gaps in which the GPU waits

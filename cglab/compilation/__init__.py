@@ -10,5 +10,13 @@ from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_e
 from cglab.compilation.wrapper import CompiledModel
 from cglab.custom_ops import direct_register_custom_op, registered_op_names
 
-__all__ = ["CUDAGraphWrapper", "CglabBackend", "CompiledModel", "SplitItem",
-           "cudagraph_capturing_enabled", "direct_register_custom_op", "registered_op_names", "split_graph"]
+__all__ = [
+    "CUDAGraphWrapper",
+    "CglabBackend",
+    "CompiledModel",
+    "SplitItem",
+    "cudagraph_capturing_enabled",
+    "direct_register_custom_op",
+    "registered_op_names",
+    "split_graph",
+]

@@ -36,8 +36,10 @@ def auto_compiler(device_type: str) -> str:
     toolchain needed). The notebooks set it to eager on a GPU (``cglab.lab.notebook.setup_notebook``)."""
     chosen = os.environ.get(COMPILE_BACKEND_ENV, "").strip().lower()
     if chosen and chosen not in COMPILERS:
-        raise ConfigError(f"{COMPILE_BACKEND_ENV}={os.environ[COMPILE_BACKEND_ENV]!r} is not a compile backend; "
-                          f"set it to {' or '.join(COMPILERS)}, or unset it (inductor on CUDA, eager on the CPU)")
+        raise ConfigError(
+            f"{COMPILE_BACKEND_ENV}={os.environ[COMPILE_BACKEND_ENV]!r} is not a compile backend; "
+            f"set it to {' or '.join(COMPILERS)}, or unset it (inductor on CUDA, eager on the CPU)"
+        )
     return chosen or ("inductor" if device_type == "cuda" else "eager")
 
 
@@ -95,8 +97,15 @@ class CglabBackend:
     symbolic token count, once (GPU). ``piecewise=False`` (FULL-only policies) splits but wraps nothing.
     """
 
-    def __init__(self, graph_backend: GraphBackend, splitting_ops: Sequence[str], *, piecewise: bool,
-                 compiler: str = "eager", check_addresses: bool = False) -> None:
+    def __init__(
+        self,
+        graph_backend: GraphBackend,
+        splitting_ops: Sequence[str],
+        *,
+        piecewise: bool,
+        compiler: str = "eager",
+        check_addresses: bool = False,
+    ) -> None:
         self.graph_backend = graph_backend
         self.splitting_ops = tuple(splitting_ops)
         self.piecewise = piecewise
@@ -115,8 +124,9 @@ class CglabBackend:
             _InductorPieces(self.split_gm, pieces).run(*example_inputs)
         if self.piecewise:
             for name in pieces:
-                wrapper = CUDAGraphWrapper(getattr(self.split_gm, name), self.graph_backend, name,
-                                           check_addresses=self.check_addresses)
+                wrapper = CUDAGraphWrapper(
+                    getattr(self.split_gm, name), self.graph_backend, name, check_addresses=self.check_addresses
+                )
                 setattr(self.split_gm, name, wrapper)  # a submodule of the split graph, as upstream
                 self.wrappers[name] = wrapper
         return self.split_gm

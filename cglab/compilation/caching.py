@@ -34,8 +34,10 @@ MAX_TRACES = 32  # a long session's distinct models; the oldest trace goes first
 _disabled: ContextVar[bool] = ContextVar("cglab_compile_cache_disabled", default=False)
 
 # L['self']._modules['layers']._modules['0']._parameters['weight'], L['input_ids'], L['input_ids'].size()[0]
-_SOURCE = re.compile(r"L\['(\w+)'\]((?:\._modules\['[^']+'\])*)(?:\._(parameters|buffers)\['([^']+)'\])?"
-                     r"(?:\.size\(\)\[(\d+)\])?")
+_SOURCE = re.compile(
+    r"L\['(\w+)'\]((?:\._modules\['[^']+'\])*)(?:\._(parameters|buffers)\['([^']+)'\])?"
+    r"(?:\.size\(\)\[(\d+)\])?"
+)
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,16 @@ class GraphInputs:
         sources = []
         for text in source_names:
             match = _SOURCE.fullmatch(text)
-            if match is None or (match[1] != "self") == bool(match[2] or match[3]) or (
-                    match[1] != "self" and match[1] not in arg_names) or (match[1] == "self" and not match[3]):
+            if (
+                match is None
+                or (match[1] != "self") == bool(match[2] or match[3])
+                or (match[1] != "self" and match[1] not in arg_names)
+                or (match[1] == "self" and not match[3])
+            ):
                 raise CaptureError(
                     f"the traced graph reads {text}, which cglab cannot pass to it: forward may read the model's "
-                    "parameters and buffers and its tensor arguments only; keep other state out of it")
+                    "parameters and buffers and its tensor arguments only; keep other state out of it"
+                )
             if match[1] == "self":
                 path = tuple(re.findall(r"_modules\['([^']+)'\]", match[2]))
                 sources.append(("model", path, f"_{match[3]}", match[4]))
@@ -89,8 +96,10 @@ def placeholder_sources(graph: torch.fx.GraphModule) -> list[str]:
 
 def call_args(bound: list[Any], inputs: Sequence[torch.Tensor]) -> list[Any]:
     """The graph's arguments for one call, in placeholder order."""
-    return [key[name] if isinstance(key, dict) else (inputs[key] if name is None else inputs[key].size(name))
-            for key, name in bound]
+    return [
+        key[name] if isinstance(key, dict) else (inputs[key] if name is None else inputs[key].size(name))
+        for key, name in bound
+    ]
 
 
 @dataclass
@@ -140,8 +149,14 @@ def trace_fingerprint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Hasha
             attrs.append((key, text))
         modules.append((name, type(module), _forward_code(module), tuple(attrs)))
     tensors = tuple((name, _tensor_meta(t)) for name, t in chain(model.named_parameters(), model.named_buffers()))
-    return (tuple(modules), tensors, tuple(_tensor_meta(t, 1) for t in inputs), forward_context_has_metadata(),
-            torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+    return (
+        tuple(modules),
+        tensors,
+        tuple(_tensor_meta(t, 1) for t in inputs),
+        forward_context_has_metadata(),
+        torch.is_inference_mode_enabled(),
+        torch.is_grad_enabled(),
+    )
 
 
 @contextmanager

@@ -56,9 +56,15 @@ class CUDAGraphWrapper(nn.Module):
     it (cglab's ``CudaGraphManager`` checks that too).
     """
 
-    def __init__(self, runnable: Callable[..., Any], backend: GraphBackend, name: str,
-                 runtime_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, check_addresses: bool = False,
-                 breakable: bool = False) -> None:
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        backend: GraphBackend,
+        name: str,
+        runtime_mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE,
+        check_addresses: bool = False,
+        breakable: bool = False,
+    ) -> None:
         assert runtime_mode is not CUDAGraphMode.NONE, "a wrapper must have a graph mode"
         super().__init__()
         self.runnable = runnable  # a submodule when it is one (an FX piece, the model)
@@ -76,8 +82,10 @@ class CUDAGraphWrapper(nn.Module):
             return self.runnable(*args)
         desc = context.batch_descriptor
         if desc is None:
-            raise CaptureError(f"{self.name}: a {self.runtime_mode.name} step needs a batch descriptor in the "
-                               "forward context; pass it to set_forward_context(..., batch_descriptor=desc)")
+            raise CaptureError(
+                f"{self.name}: a {self.runtime_mode.name} step needs a batch descriptor in the "
+                "forward context; pass it to set_forward_context(..., batch_descriptor=desc)"
+            )
         entry = self.entries.get(desc)
         if entry is None:
             return self._capture(desc, args)
@@ -95,8 +103,10 @@ class CUDAGraphWrapper(nn.Module):
             raise CaptureError(f"{self.name} cannot replay {desc}: {RELEASED}")
         if not _CAPTURING_ENABLED.get():
             captured = ", ".join(map(str, self.entries)) or "none"
-            raise CaptureError(f"{self.name} has no graph for {desc} (captured: {captured}) and graphs are only "
-                               "captured at start-up; dispatch the batch to a captured size or run it eagerly")
+            raise CaptureError(
+                f"{self.name} has no graph for {desc} (captured: {captured}) and graphs are only "
+                "captured at start-up; dispatch the batch to a captured size or run it eagerly"
+            )
         graph, output = self.backend.capture(lambda: self.runnable(*args), breakable=self.breakable)
         addresses = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
         self.entries[desc] = CUDAGraphEntry(graph, output, addresses)
@@ -108,7 +118,8 @@ class CUDAGraphWrapper(nn.Module):
         if moved or len(now) != len(entry.input_addresses):
             raise AddressChangedError(
                 f"{self.name}, {desc}: tensor argument(s) {moved} live elsewhere than at capture, so the graph "
-                "would read stale memory; pass the same (persistent) tensors at every replay")
+                "would read stale memory; pass the same (persistent) tensors at every replay"
+            )
 
     def release(self) -> None:
         """Drop every graph (their memory returns to the pool once nothing uses it)."""

@@ -80,8 +80,13 @@ class CompiledModel:
         self._arg_names = [name for name in inspect.signature(type(model).forward).parameters if name != "self"]
         self._bound: list[Any] | None = None
         self._recorder = _Recorder(backend, self._arg_names)
-        self._compiled = torch.compile(fresh_forward(model), backend=self._recorder, fullgraph=True, dynamic=False,
-                                       options={"guard_filter_fn": lambda guards: [False for _ in guards]})
+        self._compiled = torch.compile(
+            fresh_forward(model),
+            backend=self._recorder,
+            fullgraph=True,
+            dynamic=False,
+            options={"guard_filter_fn": lambda guards: [False for _ in guards]},
+        )
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Run the model on ``inputs`` (token ids, positions and, for a drafter, hidden states), each
@@ -125,21 +130,34 @@ class CompiledModel:
                 f"torch.compile could not trace the model into one graph ({first}). The model's Python outside "
                 "its custom ops is traced once for every size: keep host reads (.item(), printing) and "
                 "data-dependent branches out of it, inside a custom op or before the step; or use "
-                "piecewise_flavor='breakable', which does not compile") from exc
+                "piecewise_flavor='breakable', which does not compile"
+            ) from exc
 
 
-def build_forward_model(model: nn.Module, cc: CompilationConfig, policy: CUDAGraphMode, graph_backend: GraphBackend,
-                        splitting_ops: Sequence[str], compiler: str, check_addresses: bool) -> nn.Module:
+def build_forward_model(
+    model: nn.Module,
+    cc: CompilationConfig,
+    policy: CUDAGraphMode,
+    graph_backend: GraphBackend,
+    splitting_ops: Sequence[str],
+    compiler: str,
+    check_addresses: bool,
+) -> nn.Module:
     """What every step calls: the model through torch.compile, split at ``splitting_ops`` with a
     ``CUDAGraphWrapper`` per piece where the policy captures PIECEWISE graphs; or (breakable) the plain
     model, inside one breakable wrapper where it does. The target and the drafter both build theirs here."""
     piecewise = CUDAGraphMode.PIECEWISE in policy.runtime_modes()
     if not cc.use_breakable_cg:
-        return CompiledModel(model, CglabBackend(graph_backend, splitting_ops, piecewise=piecewise,
-                                                 compiler=compiler, check_addresses=check_addresses))
+        return CompiledModel(
+            model,
+            CglabBackend(
+                graph_backend, splitting_ops, piecewise=piecewise, compiler=compiler, check_addresses=check_addresses
+            ),
+        )
     if piecewise:
-        return CUDAGraphWrapper(model, graph_backend, type(model).__name__, check_addresses=check_addresses,
-                                breakable=True)
+        return CUDAGraphWrapper(
+            model, graph_backend, type(model).__name__, check_addresses=check_addresses, breakable=True
+        )
     return model
 
 

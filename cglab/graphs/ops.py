@@ -15,8 +15,9 @@ from cglab.custom_ops import custom_op_impl
 from cglab.errors import CaptureError
 
 
-def inline_custom_op(mode: TorchDispatchMode, func: Any, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> tuple[bool, Any]:
+def inline_custom_op(
+    mode: TorchDispatchMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[bool, Any]:
     """Run a cglab custom op's body with ``mode`` active again; ``(False, None)`` for any other op."""
     impl = custom_op_impl(func)
     if impl is None:
@@ -27,9 +28,7 @@ def inline_custom_op(mode: TorchDispatchMode, func: Any, args: tuple[Any, ...],
 
 # Allocation-only ops: no kernel runs, so at replay there is nothing to do (the memory simply
 # holds whatever it holds, as uninitialised memory does).
-_ALLOC_OPS = frozenset(
-    {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
-)
+_ALLOC_OPS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
 # Ops that write only bookkeeping, never tensor bytes.
 _BOOKKEEPING_OPS = frozenset({"record_stream"})
 
@@ -66,9 +65,7 @@ def _classify(func: Any) -> _OpInfo:
     fresh: tuple[int, ...] = ()
     if not (alloc or metadata_only):
         writes = tuple(
-            (i, a.name)
-            for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
+            (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
         )
         fresh = tuple(i for i, r in enumerate(schema.returns) if r.alias_info is None)
     return _OpInfo(name, alloc, writes, fresh, len(schema.returns))
@@ -145,8 +142,17 @@ _FIX_COPY = (
 _SCALAR_SYNC_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "allclose"})
 _SHAPE_SYNC_OPS = frozenset(
     {
-        "nonzero", "nonzero_numpy", "argwhere", "masked_select", "bincount",
-        "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
+        "nonzero",
+        "nonzero_numpy",
+        "argwhere",
+        "masked_select",
+        "bincount",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "unique_dim_consecutive",
     }
 )
 _COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})

@@ -25,13 +25,25 @@ from cglab.errors import ConfigError
 if TYPE_CHECKING:  # no torch import at the top: the CLI checks options before it imports torch
     import torch
 
-__all__ = ["KERNEL_SETS", "check_kernels", "default_kernels", "kernels_in_use", "triton_available",
-           "triton_kernel", "triton_launches", "use_kernels"]
+__all__ = [
+    "KERNEL_SETS",
+    "check_kernels",
+    "default_kernels",
+    "kernels_in_use",
+    "triton_available",
+    "triton_kernel",
+    "triton_launches",
+    "use_kernels",
+]
 
 KERNEL_SETS = ("aten", "triton")
 # op name -> (module of this package, its launcher, kernels one call launches).
-_LAUNCHERS = {"unified_attention": ("attention", "unified_attention", 1), "short_conv": ("sconv", "short_conv", 1),
-              "compressor": ("compressor", "compressor", 2), "linear_attention": ("linear_attn", "linear_attention", 1)}
+_LAUNCHERS = {
+    "unified_attention": ("attention", "unified_attention", 1),
+    "short_conv": ("sconv", "short_conv", 1),
+    "compressor": ("compressor", "compressor", 2),
+    "linear_attention": ("linear_attn", "linear_attention", 1),
+}
 _forced: str | None = None  # None: per call, Triton for CUDA tensors when it imports, aten otherwise
 _launched = 0  # Triton kernels launched so far: invisible to a TorchDispatchMode, so counted here
 
@@ -54,11 +66,15 @@ def check_kernels(kernels: str | None, device_type: str) -> str:
     if kernels not in KERNEL_SETS:
         raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
     if kernels == "triton" and device_type != "cuda":
-        raise ConfigError("kernels 'triton' need CUDA tensors (Triton compiles for the GPU); use kernels 'aten' on "
-                          f"the {device_type} device, or device 'cuda'")
+        raise ConfigError(
+            "kernels 'triton' need CUDA tensors (Triton compiles for the GPU); use kernels 'aten' on "
+            f"the {device_type} device, or device 'cuda'"
+        )
     if kernels == "triton" and not triton_available():
-        raise ConfigError("kernels 'triton' need the triton package, which is not importable here; install it "
-                          "(pip install triton) or use kernels 'aten'")
+        raise ConfigError(
+            "kernels 'triton' need the triton package, which is not importable here; install it "
+            "(pip install triton) or use kernels 'aten'"
+        )
     return kernels
 
 

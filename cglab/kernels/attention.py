@@ -21,12 +21,40 @@ _KEYS_PER_ITERATION = 32
 
 
 @triton.jit
-def _attention_kernel(query, key, value, output, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
-                      block_table, key_limit, num_tokens, num_reqs, max_seq_len, scale,
-                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                      stride_cache_slot, stride_cache_head, stride_table,
-                      BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KEY_LIMIT: tl.constexpr):
+def _attention_kernel(
+    query,
+    key,
+    value,
+    output,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    query_start_loc,
+    seq_lens,
+    block_table,
+    key_limit,
+    num_tokens,
+    num_reqs,
+    max_seq_len,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_KEY_LIMIT: tl.constexpr,
+):
     token = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -70,10 +98,14 @@ def _attention_kernel(query, key, value, output, k_cache, v_cache, slot_mapping,
         new_kv = fresh[:, None] & d_ok[None, :]
         old_kv = cached[:, None] & d_ok[None, :]
         cache_at = key_slot[:, None] * stride_cache_slot + head * stride_cache_head + d[None, :]
-        k = (tl.load(key + row[:, None] * stride_kt + head * stride_kh + d[None, :], mask=new_kv, other=0.0)
-             + tl.load(k_cache + cache_at, mask=old_kv, other=0.0)).to(tl.float32)
-        v = (tl.load(value + row[:, None] * stride_vt + head * stride_vh + d[None, :], mask=new_kv, other=0.0)
-             + tl.load(v_cache + cache_at, mask=old_kv, other=0.0)).to(tl.float32)
+        k = (
+            tl.load(key + row[:, None] * stride_kt + head * stride_kh + d[None, :], mask=new_kv, other=0.0)
+            + tl.load(k_cache + cache_at, mask=old_kv, other=0.0)
+        ).to(tl.float32)
+        v = (
+            tl.load(value + row[:, None] * stride_vt + head * stride_vh + d[None, :], mask=new_kv, other=0.0)
+            + tl.load(v_cache + cache_at, mask=old_kv, other=0.0)
+        ).to(tl.float32)
         scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=0))
         rescale = tl.exp(running_max - new_max)
@@ -86,8 +118,14 @@ def _attention_kernel(query, key, value, output, k_cache, v_cache, slot_mapping,
     tl.store(output + token * stride_ot + head * stride_oh + d, out.to(output.dtype.element_ty), mask=d_ok)
 
 
-def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
-                      kv_cache: torch.Tensor, md: AttentionMetadata) -> None:
+def unified_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: AttentionMetadata,
+) -> None:
     """Launch the kernel over (token row, head); ``kv_cache`` is ``[2, blocks, block_size, heads, dim]``."""
     num_tokens, num_heads, head_dim = query.shape
     if num_tokens == 0:
@@ -100,9 +138,36 @@ def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     for t in (query, key, value, output):
         assert t.stride(2) == 1, "the kernel reads head_dim contiguously"
     _attention_kernel[(num_tokens, num_heads)](
-        query, key, value, output, k_cache, v_cache, md.slot_mapping, md.query_start_loc, md.seq_lens,
-        md.block_table, key_limit, num_tokens, num_reqs, md.max_seq_len, head_dim**-0.5,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        output.stride(0), output.stride(1), k_cache.stride(0), k_cache.stride(1), md.block_table.stride(0),
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_R=triton.next_power_of_2(num_reqs), BLOCK_N=_KEYS_PER_ITERATION, HAS_KEY_LIMIT=md.plan is not None)
+        query,
+        key,
+        value,
+        output,
+        k_cache,
+        v_cache,
+        md.slot_mapping,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        key_limit,
+        num_tokens,
+        num_reqs,
+        md.max_seq_len,
+        head_dim**-0.5,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        output.stride(0),
+        output.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        md.block_table.stride(0),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_R=triton.next_power_of_2(num_reqs),
+        BLOCK_N=_KEYS_PER_ITERATION,
+        HAS_KEY_LIMIT=md.plan is not None,
+    )

@@ -20,9 +20,23 @@ from cglab.metadata import CompressorMetadata
 
 
 @triton.jit
-def _save_and_compress_kernel(kv, state_cache, compressed_cache, pool_logits, slot_mapping, group_slots,
-                              compress_slots, hidden, stride_kv, stride_state, stride_compressed, stride_groups,
-                              RATIO: tl.constexpr, BLOCK_RATIO: tl.constexpr, BLOCK_H: tl.constexpr):
+def _save_and_compress_kernel(
+    kv,
+    state_cache,
+    compressed_cache,
+    pool_logits,
+    slot_mapping,
+    group_slots,
+    compress_slots,
+    hidden,
+    stride_kv,
+    stride_state,
+    stride_compressed,
+    stride_groups,
+    RATIO: tl.constexpr,
+    BLOCK_RATIO: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     token = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c_ok = c < hidden
@@ -42,31 +56,58 @@ def _save_and_compress_kernel(kv, state_cache, compressed_cache, pool_logits, sl
         fresh = (members >= 0) & (rows >= 0)
         fresh = fresh & (tl.load(slot_mapping + rows, mask=fresh, other=-1) == members)
         cached = (members >= 0) & (fresh == 0)
-        group = (tl.load(kv + rows[:, None] * stride_kv + c[None, :], mask=fresh[:, None] & c_ok[None, :], other=0.0)
-                 + tl.load(state_cache + members[:, None] * stride_state + c[None, :],
-                           mask=cached[:, None] & c_ok[None, :], other=0.0)).to(tl.float32)
+        group = (
+            tl.load(kv + rows[:, None] * stride_kv + c[None, :], mask=fresh[:, None] & c_ok[None, :], other=0.0)
+            + tl.load(
+                state_cache + members[:, None] * stride_state + c[None, :],
+                mask=cached[:, None] & c_ok[None, :],
+                other=0.0,
+            )
+        ).to(tl.float32)
         entry = tl.sum(group * weights[:, None], axis=0)
-        tl.store(compressed_cache + entry_slot * stride_compressed + c,
-                 entry.to(compressed_cache.dtype.element_ty), mask=c_ok)
+        tl.store(
+            compressed_cache + entry_slot * stride_compressed + c,
+            entry.to(compressed_cache.dtype.element_ty),
+            mask=c_ok,
+        )
 
 
 @triton.jit
-def _pool_kernel(output, compressed_cache, visible_slots, hidden, num_groups, stride_out, stride_compressed,
-                 stride_visible, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr):
+def _pool_kernel(
+    output,
+    compressed_cache,
+    visible_slots,
+    hidden,
+    num_groups,
+    stride_out,
+    stride_compressed,
+    stride_visible,
+    BLOCK_G: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     token = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c_ok = c < hidden
     g = tl.arange(0, BLOCK_G)
     entries = tl.load(visible_slots + token * stride_visible + g, mask=g < num_groups, other=-1)
     visible = entries >= 0
-    seen = tl.load(compressed_cache + entries[:, None] * stride_compressed + c[None, :],
-                   mask=visible[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+    seen = tl.load(
+        compressed_cache + entries[:, None] * stride_compressed + c[None, :],
+        mask=visible[:, None] & c_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
     count = tl.maximum(tl.sum(visible.to(tl.float32), axis=0), 1.0)
     tl.store(output + token * stride_out + c, (tl.sum(seen, axis=0) / count).to(output.dtype.element_ty), mask=c_ok)
 
 
-def compressor(kv: torch.Tensor, output: torch.Tensor, state_cache: torch.Tensor, compressed_cache: torch.Tensor,
-               pool_logits: torch.Tensor, md: CompressorMetadata) -> None:
+def compressor(
+    kv: torch.Tensor,
+    output: torch.Tensor,
+    state_cache: torch.Tensor,
+    compressed_cache: torch.Tensor,
+    pool_logits: torch.Tensor,
+    md: CompressorMetadata,
+) -> None:
     """Launch both kernels over (token row, block of channels); tensors are ``[rows, hidden]``."""
     launch = row_channel_grid((kv, output, state_cache, compressed_cache))
     if launch is None:
@@ -74,10 +115,32 @@ def compressor(kv: torch.Tensor, output: torch.Tensor, state_cache: torch.Tensor
     (grid, block), hidden = launch, kv.shape[1]
     ratio = pool_logits.shape[0]
     _save_and_compress_kernel[grid](
-        kv, state_cache, compressed_cache, pool_logits, md.slot_mapping, md.group_slots, md.compress_slots, hidden,
-        kv.stride(0), state_cache.stride(0), compressed_cache.stride(0), md.group_slots.stride(0),
-        RATIO=ratio, BLOCK_RATIO=triton.next_power_of_2(ratio), BLOCK_H=block)
+        kv,
+        state_cache,
+        compressed_cache,
+        pool_logits,
+        md.slot_mapping,
+        md.group_slots,
+        md.compress_slots,
+        hidden,
+        kv.stride(0),
+        state_cache.stride(0),
+        compressed_cache.stride(0),
+        md.group_slots.stride(0),
+        RATIO=ratio,
+        BLOCK_RATIO=triton.next_power_of_2(ratio),
+        BLOCK_H=block,
+    )
     num_groups = md.visible_slots.shape[1]
-    _pool_kernel[grid](output, compressed_cache, md.visible_slots, hidden, num_groups, output.stride(0),
-                       compressed_cache.stride(0), md.visible_slots.stride(0),
-                       BLOCK_G=triton.next_power_of_2(num_groups), BLOCK_H=block)
+    _pool_kernel[grid](
+        output,
+        compressed_cache,
+        md.visible_slots,
+        hidden,
+        num_groups,
+        output.stride(0),
+        compressed_cache.stride(0),
+        md.visible_slots.stride(0),
+        BLOCK_G=triton.next_power_of_2(num_groups),
+        BLOCK_H=block,
+    )

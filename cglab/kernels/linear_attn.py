@@ -20,11 +20,35 @@ _VALUE_COLUMNS_PER_PROGRAM = 32
 
 
 @triton.jit
-def _linear_attention_kernel(query, key, value, decay, output, state_cache, slot_mapping, query_start_loc, seq_lens,
-                             state_indices, num_tokens, num_reqs, max_query_len,
-                             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                             stride_state, stride_state_head, stride_state_row,
-                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+def _linear_attention_kernel(
+    query,
+    key,
+    value,
+    decay,
+    output,
+    state_cache,
+    slot_mapping,
+    query_start_loc,
+    seq_lens,
+    state_indices,
+    num_tokens,
+    num_reqs,
+    max_query_len,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_state,
+    stride_state_head,
+    stride_state_row,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
     request = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)  # the state's rows (key dimension)
@@ -39,8 +63,13 @@ def _linear_attention_kernel(query, key, value, decay, output, state_cache, slot
         start = tl.load(query_start_loc + request)
         query_len = tl.load(query_start_loc + request + 1) - start
         tile = (d[:, None] < HEAD_DIM) & e_ok[None, :]
-        state_at = (state_cache + tl.load(state_indices + request) * stride_state + head * stride_state_head
-                    + d[:, None] * stride_state_row + e[None, :])
+        state_at = (
+            state_cache
+            + tl.load(state_indices + request) * stride_state
+            + head * stride_state_head
+            + d[:, None] * stride_state_row
+            + e[None, :]
+        )
         fresh = tl.load(seq_lens + request) == query_len  # the first new token is the sequence's first
         state = tl.where(fresh, 0.0, tl.load(state_at, mask=tile, other=0.0).to(tl.float32))
         head_decay = tl.load(decay + head).to(tl.float32)
@@ -62,8 +91,15 @@ def _linear_attention_kernel(query, key, value, decay, output, state_cache, slot
             tl.store(state_at, state.to(state_cache.dtype.element_ty), mask=tile)
 
 
-def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, decay: torch.Tensor,
-                     output: torch.Tensor, state_cache: torch.Tensor, md: LinearAttentionMetadata) -> None:
+def linear_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    output: torch.Tensor,
+    state_cache: torch.Tensor,
+    md: LinearAttentionMetadata,
+) -> None:
     """Launch over (request, plus one for the rows of none; head; block of value columns); ``state_cache``
     is ``[entries, heads, dim, dim]``."""
     num_tokens, num_heads, head_dim = query.shape
@@ -72,8 +108,31 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         assert t.stride(-1) == 1, "the kernel reads head_dim contiguously"
     block_e = min(_VALUE_COLUMNS_PER_PROGRAM, triton.next_power_of_2(head_dim))
     _linear_attention_kernel[(num_reqs + 1, num_heads, triton.cdiv(head_dim, block_e))](
-        query, key, value, decay, output, state_cache, md.slot_mapping, md.query_start_loc, md.seq_lens,
-        md.state_indices, num_tokens, num_reqs, md.max_query_len,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        output.stride(0), output.stride(1), state_cache.stride(0), state_cache.stride(1), state_cache.stride(2),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_E=block_e)
+        query,
+        key,
+        value,
+        decay,
+        output,
+        state_cache,
+        md.slot_mapping,
+        md.query_start_loc,
+        md.seq_lens,
+        md.state_indices,
+        num_tokens,
+        num_reqs,
+        md.max_query_len,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        output.stride(0),
+        output.stride(1),
+        state_cache.stride(0),
+        state_cache.stride(1),
+        state_cache.stride(2),
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_E=block_e,
+    )

@@ -16,9 +16,23 @@ from cglab.metadata import ShortConvMetadata
 
 
 @triton.jit
-def _short_conv_kernel(x, output, conv_state, weight, slot_mapping, tap_slots, hidden,
-                       stride_xt, stride_ot, stride_state, stride_weight, stride_taps,
-                       KERNEL_SIZE: tl.constexpr, BLOCK_TAPS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _short_conv_kernel(
+    x,
+    output,
+    conv_state,
+    weight,
+    slot_mapping,
+    tap_slots,
+    hidden,
+    stride_xt,
+    stride_ot,
+    stride_state,
+    stride_weight,
+    stride_taps,
+    KERNEL_SIZE: tl.constexpr,
+    BLOCK_TAPS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     token = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c_ok = c < hidden
@@ -35,25 +49,42 @@ def _short_conv_kernel(x, output, conv_state, weight, slot_mapping, tap_slots, h
     fresh = (taps >= 0) & (rows >= 0)
     fresh = fresh & (tl.load(slot_mapping + rows, mask=fresh, other=-1) == taps)
     cached = (taps >= 0) & (fresh == 0)
-    values = (tl.load(x + rows[:, None] * stride_xt + c[None, :], mask=fresh[:, None] & c_ok[None, :], other=0.0)
-              + tl.load(conv_state + taps[:, None] * stride_state + c[None, :], mask=cached[:, None] & c_ok[None, :],
-                        other=0.0)).to(tl.float32)
-    weights = tl.load(weight + j[:, None] * stride_weight + c[None, :], mask=j_ok[:, None] & c_ok[None, :],
-                      other=0.0).to(tl.float32)
+    values = (
+        tl.load(x + rows[:, None] * stride_xt + c[None, :], mask=fresh[:, None] & c_ok[None, :], other=0.0)
+        + tl.load(
+            conv_state + taps[:, None] * stride_state + c[None, :], mask=cached[:, None] & c_ok[None, :], other=0.0
+        )
+    ).to(tl.float32)
+    weights = tl.load(
+        weight + j[:, None] * stride_weight + c[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0
+    ).to(tl.float32)
     last = tl.load(weight + (KERNEL_SIZE - 1) * stride_weight + c, mask=c_ok, other=0.0).to(tl.float32)
     acc = tl.sum(values * weights, axis=0) + x_row.to(tl.float32) * last
     tl.store(output + token * stride_ot + c, acc.to(output.dtype.element_ty), mask=c_ok)
 
 
-def short_conv(x: torch.Tensor, output: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-               md: ShortConvMetadata) -> None:
+def short_conv(
+    x: torch.Tensor, output: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, md: ShortConvMetadata
+) -> None:
     """Launch the kernel over (token row, block of channels); tensors are ``[rows, hidden]``."""
     launch = row_channel_grid((x, output, conv_state, weight))
     if launch is None:
         return
     grid, block = launch
     _short_conv_kernel[grid](
-        x, output, conv_state, weight, md.slot_mapping, md.tap_slots, x.shape[1],
-        x.stride(0), output.stride(0), conv_state.stride(0), weight.stride(0), md.tap_slots.stride(0),
+        x,
+        output,
+        conv_state,
+        weight,
+        md.slot_mapping,
+        md.tap_slots,
+        x.shape[1],
+        x.stride(0),
+        output.stride(0),
+        conv_state.stride(0),
+        weight.stride(0),
+        md.tap_slots.stride(0),
         KERNEL_SIZE=weight.shape[0],
-        BLOCK_TAPS=triton.next_power_of_2(max(weight.shape[0] - 1, 1)), BLOCK_H=block)
+        BLOCK_TAPS=triton.next_power_of_2(max(weight.shape[0] - 1, 1)),
+        BLOCK_H=block,
+    )

@@ -40,8 +40,9 @@ class Piece:
 
 def _op_of_impl() -> dict[CodeType, str]:
     """The code of each cglab custom op's Python body -> the op's name (``"cglab::short_conv"``)."""
-    impls = {name: custom_op_impl(getattr(torch.ops.cglab, name.split("::")[1]).default)
-             for name in registered_op_names()}
+    impls = {
+        name: custom_op_impl(getattr(torch.ops.cglab, name.split("::")[1]).default) for name in registered_op_names()
+    }
     return {inspect.unwrap(impl).__code__: name for name, impl in impls.items() if impl is not None}
 
 
@@ -73,16 +74,20 @@ def steps_as_pieces(graph: CapturedGraph) -> list[Piece]:
     """A plain capture's steps, in order: its segments (graphs) and eager steps."""
     pieces: list[Piece] = []
     for step in graph.steps:
-        pieces.append(Piece("eager step", True, op=_eager_op(step)) if isinstance(step, EagerStep)
-                      else Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops))
+        pieces.append(
+            Piece("eager step", True, op=_eager_op(step))
+            if isinstance(step, EagerStep)
+            else Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops)
+        )
     return pieces
 
 
 def _descriptor(runner: ModelRunner, desc: BatchExecutionDescriptor | None) -> BatchExecutionDescriptor:
     captured = runner.graph_replays()
     if not captured:
-        raise ConfigError("this runner captured no graphs (mode 'none', or closed); "
-                          "build one with a graph mode such as 'piecewise'")
+        raise ConfigError(
+            "this runner captured no graphs (mode 'none', or closed); build one with a graph mode such as 'piecewise'"
+        )
     if desc is None:
         return next(iter(captured))  # the first one captured: the largest of the first mode
     if desc not in captured:
@@ -126,8 +131,10 @@ def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None =
     desc = _descriptor(runner, desc)
     pieces = graph_pieces(runner, desc)
     graphs = [p for p in pieces if not p.eager]
-    lines = [f"{desc}, {_flavor(runner, desc)} ({_where(runner)}): {len(graphs)} graph(s), "
-             f"{sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)"]
+    lines = [
+        f"{desc}, {_flavor(runner, desc)} ({_where(runner)}): {len(graphs)} graph(s), "
+        f"{sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)"
+    ]
     width = max(len(p.name) for p in pieces)
     for p in pieces:
         if p.eager:
@@ -144,8 +151,10 @@ def describe_replays(runner: ModelRunner) -> str:
     runner.check_open()
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers:
-        raise ConfigError("no compiled PIECEWISE pieces here: build the runner with a policy that captures "
-                          "PIECEWISE graphs, compiled (CompilationConfig(use_breakable_cg=False), the default)")
+        raise ConfigError(
+            "no compiled PIECEWISE pieces here: build the runner with a policy that captures "
+            "PIECEWISE graphs, compiled (CompilationConfig(use_breakable_cg=False), the default)"
+        )
     descs = list(next(iter(compiled.wrappers.values())).entries)
     headers = [f"tokens={d.num_tokens}" for d in descs]
     width = max(len(name) for name in compiled.wrappers)
@@ -200,8 +209,11 @@ class _ReplayTracer:
             return "EagerStep.replay"
         if code.co_name == "forward" and isinstance(this, CUDAGraphWrapper):
             mode = get_forward_context().cg_mode
-            what = "replays its graph for this descriptor" if mode is this.runtime_mode else (
-                f"mode {mode.name} is not its own, so it runs the piece")
+            what = (
+                "replays its graph for this descriptor"
+                if mode is this.runtime_mode
+                else (f"mode {mode.name} is not its own, so it runs the piece")
+            )
             return f"CUDAGraphWrapper({this.name}): {what}"
         if code.co_name == "forward" and isinstance(this, torch.fx.GraphModule) and self.compiled is not None:
             if this is self.compiled.split_gm:

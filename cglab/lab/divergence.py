@@ -17,9 +17,20 @@ from cglab.lab.draw import draw_divergence, expect
 from cglab.lab.interactive import ControlState, interactive
 from cglab.repro import ReproResult, run_repro
 
-__all__ = ["CHUNKED_STEPS", "DIVERGENCE_MODES", "LAYER_MIXES", "PREFILL_CHUNK", "cached_repro", "case_label",
-           "divergence_control_state", "divergence_explorer", "divergence_notes", "interactive_divergence_explorer",
-           "verdict", "verdict_table"]
+__all__ = [
+    "CHUNKED_STEPS",
+    "DIVERGENCE_MODES",
+    "LAYER_MIXES",
+    "PREFILL_CHUNK",
+    "cached_repro",
+    "case_label",
+    "divergence_control_state",
+    "divergence_explorer",
+    "divergence_notes",
+    "interactive_divergence_explorer",
+    "verdict",
+    "verdict_table",
+]
 
 LAYER_MIXES = ("sconv,attn,compressor,attn", "sconv,attn", "compressor,attn", "attn,attn")
 DIVERGENCE_MODES = ("piecewise", "full_and_piecewise", "full_decode_only", "full", "none")
@@ -74,24 +85,42 @@ def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
         try:
             hash(value)
         except TypeError:  # a set or dict: nothing to remember it by (and run_repro wants ordered lists)
-            raise ConfigError(f"cached_repro cannot remember {name}={value!r}: give it as a list or tuple of plain "
-                              "values, in the order run_repro should use, e.g. batch_sizes=[3, 1, 8]") from None
+            raise ConfigError(
+                f"cached_repro cannot remember {name}={value!r}: give it as a list or tuple of plain "
+                "values, in the order run_repro should use, e.g. batch_sizes=[3, 1, 8]"
+            ) from None
     return _remembered_repro(key)
 
 
-def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
-                     strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
-                     device: str = "cpu", steps: int | None = None) -> dict[str, ReproResult]:
+def _divergence_runs(
+    mode: str = "piecewise",
+    legacy: bool = True,
+    layers: str = LAYER_MIXES[0],
+    strict: bool = False,
+    *,
+    chunked_prefill: bool = False,
+    flavor: str = "compiled",
+    device: str = "cpu",
+    steps: int | None = None,
+) -> dict[str, ReproResult]:
     """The chosen case and, when it is the legacy path, the fixed path beside it, by label; where the mode
     leaves the flavor, legacy and strict switches off (``divergence_control_state``), the one run the
     mode makes, labelled by the mode alone."""
     if not isinstance(chunked_prefill, bool):
-        raise ConfigError(f"chunked_prefill must be True (prompts {PREFILL_CHUNK} tokens a step, mixed with "
-                          f"decodes) or False (prompts prefilled first, then plain decode), got {chunked_prefill!r}")
+        raise ConfigError(
+            f"chunked_prefill must be True (prompts {PREFILL_CHUNK} tokens a step, mixed with "
+            f"decodes) or False (prompts prefilled first, then plain decode), got {chunked_prefill!r}"
+        )
     if steps is None:
         steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
-    options = {"piecewise_flavor": flavor, "layers": layers, "strict_layers": strict, "steps": steps,
-               "prefill_chunk": PREFILL_CHUNK if chunked_prefill else 0, "device": device}
+    options = {
+        "piecewise_flavor": flavor,
+        "layers": layers,
+        "strict_layers": strict,
+        "steps": steps,
+        "prefill_chunk": PREFILL_CHUNK if chunked_prefill else 0,
+        "device": device,
+    }
     if divergence_control_state({"mode": mode})[0]:  # the switches change nothing here: one run, no switch named
         options |= {"piecewise_flavor": "compiled", "strict_layers": False}
         return {CUDAGraphMode.parse(mode).name: cached_repro(mode, legacy_skip_attn=False, **options)}
@@ -102,14 +131,23 @@ def _divergence_runs(mode: str = "piecewise", legacy: bool = True, layers: str =
     return runs
 
 
-def divergence_explorer(mode: str = "piecewise", legacy: bool = True, layers: str = LAYER_MIXES[0],
-                        strict: bool = False, *, chunked_prefill: bool = False, flavor: str = "compiled",
-                        device: str = "cpu", steps: int | None = None) -> Figure:
+def divergence_explorer(
+    mode: str = "piecewise",
+    legacy: bool = True,
+    layers: str = LAYER_MIXES[0],
+    strict: bool = False,
+    *,
+    chunked_prefill: bool = False,
+    flavor: str = "compiled",
+    device: str = "cpu",
+    steps: int | None = None,
+) -> Figure:
     """The repro for one choice of controls, drawn next to the fixed path. ``chunked_prefill``: prompts enter
     ``PREFILL_CHUNK`` tokens a step beside the decodes (``CHUNKED_STEPS`` steps) instead of being prefilled
     first (plain decode, ``DECODE_STEPS`` steps); ``steps`` overrides the count."""
-    runs = _divergence_runs(mode, legacy, layers, strict, chunked_prefill=chunked_prefill, flavor=flavor,
-                            device=device, steps=steps)
+    runs = _divergence_runs(
+        mode, legacy, layers, strict, chunked_prefill=chunked_prefill, flavor=flavor, device=device, steps=steps
+    )
     label, chosen = next(iter(runs.items()))
     fig = draw_divergence(runs)
     traffic = ", chunked prefill" if chunked_prefill else ""
@@ -141,14 +179,16 @@ def divergence_control_state(values: dict[str, Any]) -> ControlState:
     mode = CUDAGraphMode.parse(values["mode"])
     if CUDAGraphMode.PIECEWISE in mode.runtime_modes():
         if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
-            return (), ("FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked prefill) "
-                        "PIECEWISE ones")
+            return (), (
+                "FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked prefill) PIECEWISE ones"
+            )
         return (), ""
     off = "flavor, legacy skip_attn and strict layers are off"
     if mode is CUDAGraphMode.NONE:
         return _GRAPH_SWITCHES, f"{off}: NONE captures no graph (eager against eager)"
-    return _GRAPH_SWITCHES, (f"{off}: they apply to PIECEWISE graphs only, and FULL graphs got capture metadata "
-                             "before the fix too")
+    return _GRAPH_SWITCHES, (
+        f"{off}: they apply to PIECEWISE graphs only, and FULL graphs got capture metadata before the fix too"
+    )
 
 
 Case = tuple[str, bool] | tuple[str, bool, str]
@@ -169,18 +209,23 @@ def _wrap_mix(layers: str) -> list[str]:
     return lines
 
 
-def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 16,
-                  **repro_options: Any) -> str:
+def verdict_table(
+    layer_mixes: Sequence[str], cases: Sequence[Case], *, device: str = "cpu", steps: int = 16, **repro_options: Any
+) -> str:
     """A text grid: one row per case (``(mode, legacy)`` or ``(mode, legacy, flavor)``, compiled by default),
     one column per layer mix, each cell ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised); ``repro_options``
     go to every ``run_repro`` call. Cases as rows and long mixes wrapped keep it about 100 characters wide:
     a notebook's output area beside JupyterLab's file browser at 1280 pixels holds 107."""
     if isinstance(layer_mixes, str) or not layer_mixes or not all(isinstance(m, str) for m in layer_mixes):
-        raise ConfigError(f"verdict_table needs a list of layer patterns, one per column, e.g. ['sconv,attn', "
-                          f"'attn'], got {layer_mixes!r}")
+        raise ConfigError(
+            f"verdict_table needs a list of layer patterns, one per column, e.g. ['sconv,attn', "
+            f"'attn'], got {layer_mixes!r}"
+        )
     if not cases:
-        raise ConfigError(f"verdict_table needs a list of cases, one per row, e.g. [('piecewise', True), "
-                          f"('full', True)], got {cases!r}")
+        raise ConfigError(
+            f"verdict_table needs a list of cases, one per row, e.g. [('piecewise', True), "
+            f"('full', True)], got {cases!r}"
+        )
     for case in cases:
         if not isinstance(case, tuple) or len(case) not in (2, 3):
             raise ConfigError(f"a verdict_table case is (mode, legacy) or (mode, legacy, flavor), got {case!r}")
@@ -189,11 +234,23 @@ def verdict_table(layer_mixes: Sequence[str], cases: Sequence[Case], *, device: 
     headers = [_wrap_mix(layers) for layers in layer_mixes]
     widths = [max(8, *map(len, h)) for h in headers]
     first = max(map(len, labels))
-    rows = [[" " * first, *(f"{h[i]:<{w}}" if i < len(h) else " " * w for h, w in zip(headers, widths))]
-            for i in range(max(map(len, headers)))]
+    rows = [
+        [" " * first, *(f"{h[i]:<{w}}" if i < len(h) else " " * w for h, w in zip(headers, widths))]
+        for i in range(max(map(len, headers)))
+    ]
     for label, (mode, legacy, flavor) in zip(labels, full_cases):
-        results = [cached_repro(mode, legacy_skip_attn=legacy, piecewise_flavor=flavor, layers=layers, steps=steps,
-                                device=device, **repro_options) for layers in layer_mixes]
+        results = [
+            cached_repro(
+                mode,
+                legacy_skip_attn=legacy,
+                piecewise_flavor=flavor,
+                layers=layers,
+                steps=steps,
+                device=device,
+                **repro_options,
+            )
+            for layers in layer_mixes
+        ]
         cells = ["FAILED" if r.error else "DIVERGED" if r.diverged else "ok" for r in results]
         rows.append([f"{label:<{first}}", *(f"{c:^{w}}" for c, w in zip(cells, widths))])
     return "\n".join(" | ".join(row).rstrip() for row in rows)
@@ -212,5 +269,6 @@ def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
         "strict": widgets.Checkbox(value=False, description="strict layers"),
         "chunked_prefill": widgets.Checkbox(value=False, description="chunked prefill"),
     }
-    return interactive(divergence_explorer, controls, state=divergence_control_state, notes=divergence_notes,
-                       device=device)
+    return interactive(
+        divergence_explorer, controls, state=divergence_control_state, notes=divergence_notes, device=device
+    )

@@ -28,9 +28,20 @@ from cglab.lab.plots import MODE_COLORS, path_colors
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["MAX_PADDING_TOKENS", "BatchShape", "describe_dispatch", "describe_environment", "describe_requests",
-           "describe_spec_decode_sizes", "describe_step", "dispatch_cell", "draw_caches", "draw_divergence",
-           "draw_graph_anatomy", "draw_padding"]
+__all__ = [
+    "MAX_PADDING_TOKENS",
+    "BatchShape",
+    "describe_dispatch",
+    "describe_environment",
+    "describe_requests",
+    "describe_spec_decode_sizes",
+    "describe_step",
+    "dispatch_cell",
+    "draw_caches",
+    "draw_divergence",
+    "draw_graph_anatomy",
+    "draw_padding",
+]
 
 MAX_PADDING_TOKENS = 10_000  # a padding picture's widest batch: wider only takes longer to draw
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
@@ -59,30 +70,40 @@ def describe_environment(device: str = "cpu") -> str:
         widgets = ipywidgets.__version__
     except ImportError:
         widgets = "not installed (widgets off)"
-    return (f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
-            f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
-            f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
-            f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}")
+    return (
+        f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
+        f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
+        f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
+        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}"
+    )
 
 
 def describe_requests(runner: ModelRunner) -> str:
     """One line per request: tokens stored, the blocks it owns (its block-table row) and their slots."""
     bs = runner.config.block_size
-    return "\n".join(f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks "
-                     + ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
-                     for r in runner.requests.values())
+    return "\n".join(
+        f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks "
+        + ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
+        for r in runner.requests.values()
+    )
 
 
 def describe_step(prepared: PreparedStep) -> str:
     """What a prepared step wrote into the persistent buffers, padding included."""
-    expect(prepared, PreparedStep, "describe_step takes what ModelRunner.prepare_step returns, e.g. "
-            "describe_step(runner.prepare_step({'req0': [1]}))")
+    expect(
+        prepared,
+        PreparedStep,
+        "describe_step takes what ModelRunner.prepare_step returns, e.g. "
+        "describe_step(runner.prepare_step({'req0': [1]}))",
+    )
     batch, desc = prepared.input_batch, prepared.descriptor
     slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
-    return (f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)\n"
-            f"  query_start_loc {batch.query_start_loc.tolist()}\n"
-            f"  seq_lens        {batch.seq_lens.tolist()}\n"
-            f"  slot_mapping    {slot_mapping.tolist()}")
+    return (
+        f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)\n"
+        f"  query_start_loc {batch.query_start_loc.tolist()}\n"
+        f"  seq_lens        {batch.seq_lens.tolist()}\n"
+        f"  slot_mapping    {slot_mapping.tolist()}"
+    )
 
 
 def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) -> np.ndarray:
@@ -101,10 +122,14 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     """Every cache as a row of slots coloured by owning request; red: reached but never written (the
     bug's signature); grey: reserved. ``highlight_slots`` get a ▼ above the rows."""
     expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
-    if isinstance(highlight_slots, (str, bytes)) or not isinstance(highlight_slots, Sequence) or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in highlight_slots):
-        raise ConfigError(f"highlight_slots must be a list of slot numbers, e.g. last_written_slots(runner), "
-                          f"got {highlight_slots!r}")
+    if (
+        isinstance(highlight_slots, (str, bytes))
+        or not isinstance(highlight_slots, Sequence)
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in highlight_slots)
+    ):
+        raise ConfigError(
+            f"highlight_slots must be a list of slot numbers, e.g. last_written_slots(runner), got {highlight_slots!r}"
+        )
     bs, ratio = runner.config.block_size, runner.config.compress_ratio
     requests = list(runner.requests.values())
     used_blocks = max((b for r in requests for b in r.block_ids), default=0) + 1
@@ -143,11 +168,23 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
     ax.set_xticks([b * bs + (bs - 1) / 2 for b in range(used_blocks)], [str(b) for b in range(used_blocks)])
     ax.set_xlabel(f"physical block (each holds {bs} slots; the compressed cache holds one entry per {ratio} slots)")
     legend = [Patch(color=c, label=r.req_id) for c, r in zip(colors, requests)]
-    legend += [Patch(color=_MISSING, label="reached, never written"), Patch(color=_RESERVED, label="reserved"),
-               Patch(fc=_FREE, ec="black", label="free")]
+    legend += [
+        Patch(color=_MISSING, label="reached, never written"),
+        Patch(color=_RESERVED, label="reserved"),
+        Patch(fc=_FREE, ec="black", label="free"),
+    ]
     if marked:
-        legend.append(Line2D([], [], ls="none", marker="v", color="black", ms=_MARKER_PT,
-                             label="slot the last step wrote\n(its slot mapping)"))
+        legend.append(
+            Line2D(
+                [],
+                [],
+                ls="none",
+                marker="v",
+                color="black",
+                ms=_MARKER_PT,
+                label="slot the last step wrote\n(its slot mapping)",
+            )
+        )
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     ax.set_title(title or "paged caches (triangles: the slots this step writes)", pad=_MARKER_RISE_PT + _MARKER_PT + 4)
     fig.tight_layout()
@@ -166,8 +203,10 @@ def _short_op(op: str) -> str:
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:
     """Each graph (or its ``graph_pieces``) as its replay sequence: graphs (width = ops) and eager steps."""
     if not isinstance(graphs, Mapping) or not graphs:
-        raise ConfigError("draw_graph_anatomy takes a dict {label: captured graph or its pieces} with at least one "
-                          "graph, e.g. {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}")
+        raise ConfigError(
+            "draw_graph_anatomy takes a dict {label: captured graph or its pieces} with at least one "
+            "graph, e.g. {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}"
+        )
     fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
     ax = fig.add_subplot()
     rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
@@ -179,10 +218,24 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
         for piece in pieces:
             empty = not piece.eager and not piece.num_ops  # a graph that recorded nothing: hatched white
             width = eager_width if piece.eager else max(piece.num_ops, 1)
-            ax.barh(y, width, left=x, height=height, color=_EAGER if piece.eager else "white" if empty else _SEGMENT,
-                    edgecolor="black", hatch="//" if empty else "")
-            ax.text(x + width / 2, y, _short_op(piece.op) if piece.eager else str(piece.num_ops), ha="center",
-                    va="center", fontsize=7 if piece.eager else 8, color="black" if empty else "white")
+            ax.barh(
+                y,
+                width,
+                left=x,
+                height=height,
+                color=_EAGER if piece.eager else "white" if empty else _SEGMENT,
+                edgecolor="black",
+                hatch="//" if empty else "",
+            )
+            ax.text(
+                x + width / 2,
+                y,
+                _short_op(piece.op) if piece.eager else str(piece.num_ops),
+                ha="center",
+                va="center",
+                fontsize=7 if piece.eager else 8,
+                color="black" if empty else "white",
+            )
             if not piece.eager and piece.name.startswith("submod"):
                 ax.text(x + width / 2, y + height / 2 + 0.04, piece.name, ha="center", va="bottom", fontsize=7)
             x += width
@@ -191,11 +244,21 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
     ax.set_ylim(-0.6, len(graphs) - 0.25)
     # The axis ends where the longest row does: its ticks count ops, eager steps at their drawn width.
     ax.set_xlim(0, widest)
-    ax.set_xlabel(f"replay order, left to right, in ops: a graph's width and number are the ops it recorded,\n"
-                  f"an eager step is drawn {eager_width:.3g} ops wide")
-    ax.legend(handles=[Patch(color=_SEGMENT, label="graph: replays what it recorded"),
-                       Patch(color=_EAGER, label="eager step: its Python runs, reading live metadata")],
-              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize="small", frameon=False)
+    ax.set_xlabel(
+        f"replay order, left to right, in ops: a graph's width and number are the ops it recorded,\n"
+        f"an eager step is drawn {eager_width:.3g} ops wide"
+    )
+    ax.legend(
+        handles=[
+            Patch(color=_SEGMENT, label="graph: replays what it recorded"),
+            Patch(color=_EAGER, label="eager step: its Python runs, reading live metadata"),
+        ],
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.0),
+        ncol=2,
+        fontsize="small",
+        frameon=False,
+    )
     fig.tight_layout()
     return fig
 
@@ -223,8 +286,12 @@ class BatchShape:
         return get_uniform_decode_token_count(self.query_lens, not self.by_shape and any(self.prefilling))
 
 
-DISPATCH_POLICIES = (CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY,
-                     CUDAGraphMode.PIECEWISE)
+DISPATCH_POLICIES = (
+    CUDAGraphMode.FULL,
+    CUDAGraphMode.FULL_AND_PIECEWISE,
+    CUDAGraphMode.FULL_DECODE_ONLY,
+    CUDAGraphMode.PIECEWISE,
+)
 
 
 def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
@@ -237,8 +304,12 @@ def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
     return f"{desc.cg_mode.name} {desc.num_tokens}{reqs}{uniform}"
 
 
-def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: Sequence[BatchShape],
-                      policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES) -> str:
+def describe_dispatch(
+    capture_sizes: Sequence[int],
+    max_num_reqs: int,
+    shapes: Sequence[BatchShape],
+    policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES,
+) -> str:
     """A table: one row per batch shape, one column per policy, each cell the graph dispatch picks
     (``dispatch_cell``); ``uniform`` is the batch's ``uniform_token_count`` (``-``: None). Short cells keep
     it within the 107 characters a notebook's output area holds beside JupyterLab's file browser."""
@@ -250,8 +321,10 @@ def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: S
         descs = [d.dispatch(shape.num_reqs, shape.num_tokens, uniform) for d in dispatchers]
         rows.append([shape.label, "-" if uniform is None else str(uniform), *map(dispatch_cell, descs)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
-             "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode"]
+    lines = [
+        f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
+        "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode",
+    ]
     for i, row in enumerate(rows):
         lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if i == 0:
@@ -259,8 +332,12 @@ def describe_dispatch(capture_sizes: Sequence[int], max_num_reqs: int, shapes: S
     return "\n".join(lines)
 
 
-def describe_spec_decode_sizes(capture_sizes: Sequence[int], num_speculative_tokens: int, max_num_reqs: int,
-                               policy: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE) -> str:
+def describe_spec_decode_sizes(
+    capture_sizes: Sequence[int],
+    num_speculative_tokens: int,
+    max_num_reqs: int,
+    policy: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE,
+) -> str:
     """The target's graphs under speculative decoding as vLLM's two model runners choose them, one line each.
 
     v1 (``adjust_cudagraph_sizes_for_spec_decode``, when the policy decodes in FULL) rounds every capture
@@ -276,8 +353,11 @@ def describe_spec_decode_sizes(capture_sizes: Sequence[int], num_speculative_tok
     lines = [f"capture sizes {tuple(sizes)}, K = {q - 1}, max_num_reqs = {max_num_reqs}, {policy.name}"]
     for runner, ladder in (("v1", v1), ("v2", sizes)):
         descs = CudagraphDispatcher(policy, ladder, check_int("max_num_reqs", max_num_reqs), q).capture_descriptors()
-        graphs = [f"{m.name} {', '.join(str(d.num_tokens) for d in reversed(descs) if d.cg_mode is m)}"
-                  for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if any(d.cg_mode is m for d in descs)]
+        graphs = [
+            f"{m.name} {', '.join(str(d.num_tokens) for d in reversed(descs) if d.cg_mode is m)}"
+            for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
+            if any(d.cg_mode is m for d in descs)
+        ]
         lines.append(f"model runner {runner}: {' | '.join(graphs) if ladder else 'start-up error, no size left'}")
     return "\n".join(lines)
 
@@ -285,8 +365,12 @@ def describe_spec_decode_sizes(capture_sizes: Sequence[int], num_speculative_tok
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     """The graph size each batch size runs in, and the padded rows it costs (eager past the last size),
     for batches of 1 to ``max_tokens`` tokens (at most ``MAX_PADDING_TOKENS``)."""
-    expect(dispatcher, CudagraphDispatcher, "draw_padding takes a CudagraphDispatcher, e.g. CudagraphDispatcher("
-            "CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)")
+    expect(
+        dispatcher,
+        CudagraphDispatcher,
+        "draw_padding takes a CudagraphDispatcher, e.g. CudagraphDispatcher("
+        "CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)",
+    )
     check_int("max_tokens (the largest batch drawn)", max_tokens, 1, MAX_PADDING_TOKENS)
     tokens = np.arange(1, max_tokens + 1)
     fig = Figure(figsize=(8, 3.4), dpi=DPI)
@@ -311,10 +395,11 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
 def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     """Left: each decode step's logit difference from eager; right: each cache's after the last step. One
     log scale with the tolerance marked, so rounding stays small beside a divergence; legacy red, fixed blue."""
-    if not isinstance(results, Mapping) or not results or not all(isinstance(r, ReproResult)
-                                                                  for r in results.values()):
-        raise ConfigError("draw_divergence takes a dict {label: ReproResult} with at least one run, e.g. "
-                          "{'legacy': run_repro(legacy_skip_attn=True), 'fixed': run_repro()}")
+    if not isinstance(results, Mapping) or not results or not all(isinstance(r, ReproResult) for r in results.values()):
+        raise ConfigError(
+            "draw_divergence takes a dict {label: ReproResult} with at least one run, e.g. "
+            "{'legacy': run_repro(legacy_skip_attn=True), 'fixed': run_repro()}"
+        )
     fig = Figure(figsize=(11, 3.6), dpi=DPI)
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale
@@ -335,16 +420,20 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
     steps_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 2.5
     steps_ax.set_ylabel("max |replay - eager| (logits)")
     # Above the panels, not over the lines: the right panel uses the same colours.
-    steps_ax.legend(fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0),
-                    ncol=2, borderaxespad=0.2)
+    steps_ax.legend(
+        fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, borderaxespad=0.2
+    )
     state_ax.set_xscale("log")
     state_ax.set_xlim(base, ceiling)
     state_ax.axvline(tolerance, color="gray", ls="--", lw=1)
     state_ax.set_yticks(np.arange(len(names)) + height * (len(results) - 1) / 2, names, fontsize=8)
     state_ax.invert_yaxis()
     state_ax.set_xlabel("max |cache - eager cache| after the last step")
-    failed = [f"{label}:\ncapture failed ({result.error.split(':')[0]}), no caches to compare"
-              for label, result in results.items() if result.error]
+    failed = [
+        f"{label}:\ncapture failed ({result.error.split(':')[0]}), no caches to compare"
+        for label, result in results.items()
+        if result.error
+    ]
     if failed:
         steps_ax.set_yscale("log")  # no line may have set it
         state_ax.set_title("\n".join(failed), fontsize=8, color="gray", loc="right")

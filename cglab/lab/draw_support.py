@@ -52,15 +52,17 @@ def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[Cap
     for size in sorted(set(check_sizes("capture size", capture_sizes, example="(1, 2, 4, 8)"))):
         query_lens = tuple(dummy_query_lens(min(size, max_num_reqs), size))
         shape = {"num_reqs": len(query_lens), "num_tokens": size, "max_query_len": max(query_lens)}
-        old, fixed = ({s: can_build_metadata(s, **shape, for_capture=f) for s in AttentionCGSupport}
-                      for f in _FOR_CAPTURE)
+        old, fixed = (
+            {s: can_build_metadata(s, **shape, for_capture=f) for s in AttentionCGSupport} for f in _FOR_CAPTURE
+        )
         rows.append(CaptureBatchSupport(size, query_lens, old, fixed))
     return rows
 
 
 def _level_label(level: AttentionCGSupport) -> str:
     return level.name.replace("UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_SINGLE_\nTOKEN_DECODE").replace(
-        "UNIFORM_BATCH", "UNIFORM_\nBATCH")
+        "UNIFORM_BATCH", "UNIFORM_\nBATCH"
+    )
 
 
 def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Figure:
@@ -78,8 +80,10 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
         cells = [(0, f"{row.describe_batch()}\n({'decode' if row.decode_shaped else 'prefill'}-shaped)", _INFO)]
         for start, for_capture, verdicts in zip((old_start, fixed_start), _FOR_CAPTURE, (row.old, row.fixed)):
             cells.append((start - 1, f"for_capture=\n{for_capture}", _INFO))
-            cells += [(start + i, "can" if verdicts[level] else "fails", _CAN if verdicts[level] else _CANNOT)
-                      for i, level in enumerate(levels)]
+            cells += [
+                (start + i, "can" if verdicts[level] else "fails", _CAN if verdicts[level] else _CANNOT)
+                for i, level in enumerate(levels)
+            ]
         for x, text, color in cells:
             image[y, x] = color
             ax.text(x, y, text, ha="center", va="center", fontsize=7.5, color="black" if color == _INFO else "white")
@@ -96,10 +100,21 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
     ax.set_xticks(range(columns), labels, fontsize=7.5)
     ax.xaxis.tick_top()
     ax.tick_params(length=0)
-    ax.set_title(f"breakable PIECEWISE capture, max_num_reqs={max_num_reqs}: can a builder of each "
-                 "cudagraph_support level build the metadata?", pad=12)
-    ax.legend(handles=[Patch(color=_CAN, label="can build it"),
-                       Patch(color=_CANNOT, label="fails at capture (MetadataBuildError)")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize="small", frameon=False)
+    ax.set_title(
+        f"breakable PIECEWISE capture, max_num_reqs={max_num_reqs}: can a builder of each "
+        "cudagraph_support level build the metadata?",
+        pad=12,
+    )
+    ax.legend(
+        handles=[
+            Patch(color=_CAN, label="can build it"),
+            Patch(color=_CANNOT, label="fails at capture (MetadataBuildError)"),
+        ],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.02),
+        ncol=2,
+        fontsize="small",
+        frameon=False,
+    )
     fig.tight_layout()
     return fig

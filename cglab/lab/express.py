@@ -32,8 +32,10 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
     names. Only the simulator keeps them: a CUDA graph keeps kernels, not names."""
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers or not runner.graph_replays():
-        raise ConfigError("recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
-                          "ModelRunner(config, 'piecewise') (compiled, the default)")
+        raise ConfigError(
+            "recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
+            "ModelRunner(config, 'piecewise') (compiled, the default)"
+        )
     desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
     wrapper = compiled.wrappers.get(piece)
     if wrapper is None:
@@ -43,8 +45,10 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
     ops = []
     for step in wrapper.entries[desc].graph.steps:
         if not isinstance(step, SimSegment):
-            raise ConfigError("only the simulator keeps the ops a graph recorded; build the runner with "
-                              "device='cpu' (a CUDA graph keeps its kernels, not their names)")
+            raise ConfigError(
+                "only the simulator keeps the ops a graph recorded; build the runner with "
+                "device='cpu' (a CUDA graph keeps its kernels, not their names)"
+            )
         ops += [_short(record[1]) for record in step._records or ()]
     return ops
 
@@ -68,8 +72,9 @@ def compare_recordings(first: Sequence[str], second: Sequence[str]) -> list[OpRo
     return rows
 
 
-def describe_recordings(first: Sequence[str], second: Sequence[str],
-                        labels: tuple[str, str] = ("with metadata", "without metadata")) -> str:
+def describe_recordings(
+    first: Sequence[str], second: Sequence[str], labels: tuple[str, str] = ("with metadata", "without metadata")
+) -> str:
     """The two recordings as two text columns; ``---`` where one of them recorded nothing."""
     rows = compare_recordings(first, second)
     width = max([len(labels[0]), *(len(r.op) for r in rows)]) + 2
@@ -82,9 +87,13 @@ def describe_recordings(first: Sequence[str], second: Sequence[str],
     return "\n".join(lines)
 
 
-def draw_recordings(first: Sequence[str], second: Sequence[str], piece: str = "submod_0",
-                    labels: tuple[str, str] = ("with metadata (fixed)", "without metadata (legacy)"),
-                    note: str = "") -> Figure:
+def draw_recordings(
+    first: Sequence[str],
+    second: Sequence[str],
+    piece: str = "submod_0",
+    labels: tuple[str, str] = ("with metadata (fixed)", "without metadata (legacy)"),
+    note: str = "",
+) -> Figure:
     """Two columns of boxes, one per op, aligned by ``compare_recordings``: ops both recordings have in blue,
     ops only one has in red (an empty, hatched box opposite)."""
     rows = compare_recordings(first, second)
@@ -94,18 +103,31 @@ def draw_recordings(first: Sequence[str], second: Sequence[str], piece: str = "s
         for x, present in ((0, row.in_first), (1, row.in_second)):
             color = "white" if not present else _LOST if row.in_first != row.in_second else _KEPT
             ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black", hatch="" if present else "//")
-            ax.text(x + 0.5, -y, row.op if present else "nothing recorded", ha="center", va="center",
-                    fontsize=7, color="white" if present else "black",
-                    bbox=None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1})
+            ax.text(
+                x + 0.5,
+                -y,
+                row.op if present else "nothing recorded",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if present else "black",
+                bbox=None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1},
+            )
     for x, (label, ops) in enumerate(zip(labels, (first, second))):
         ax.text(x + 0.5, 0.8, f"{label}: {len(ops)} ops", ha="center", va="bottom", fontsize=9, weight="bold")
     ax.set_xlim(0, 2)
     ax.set_ylim(-len(rows) + 0.4, 1.6)
     ax.axis("off")
-    ax.set_title(f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else ""),
-                 fontsize=10)
-    ax.legend(handles=[Patch(color=_KEPT, label="recorded by both"),
-                       Patch(color=_LOST, label="recorded by one only")],
-              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize="small", frameon=False)
+    ax.set_title(
+        f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else ""), fontsize=10
+    )
+    ax.legend(
+        handles=[Patch(color=_KEPT, label="recorded by both"), Patch(color=_LOST, label="recorded by one only")],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=2,
+        fontsize="small",
+        frameon=False,
+    )
     fig.tight_layout()
     return fig

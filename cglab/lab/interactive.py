@@ -86,9 +86,15 @@ def explorer_type() -> type:
     return type("Explorer", (_WithStill, widgets.VBox), {"__module__": __name__})
 
 
-def interactive(explorer: Callable[..., Figure], controls: dict[str, Any], *, hint: str = "",
-                state: Callable[[dict[str, Any]], ControlState] | None = None,
-                notes: Callable[..., list[str]] | None = None, **fixed: Any) -> Any:
+def interactive(
+    explorer: Callable[..., Figure],
+    controls: dict[str, Any],
+    *,
+    hint: str = "",
+    state: Callable[[dict[str, Any]], ControlState] | None = None,
+    notes: Callable[..., list[str]] | None = None,
+    **fixed: Any,
+) -> Any:
     """Controls above an output area redrawing ``explorer(**controls, **fixed)`` on every change.
     ``hint``: a line above; ``state(values)``: controls to disable and why (a status line);
     ``notes``: lines under the figure. Not ``interactive_output``, which draws on every thread at once."""

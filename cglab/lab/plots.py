@@ -16,18 +16,43 @@ from cglab.bench import BENCH_MODES, BenchResult
 from cglab.errors import ConfigError
 from cglab.repro import ReproResult
 
-__all__ = ["MODE_COLORS", "SIM_LABEL", "path_colors", "plot_kernel_floor", "plot_kernel_sets", "plot_ladder",
-           "plot_latency", "plot_overview", "plot_piecewise_break_cost", "plot_speedup", "plot_tokens_per_step"]
+__all__ = [
+    "MODE_COLORS",
+    "SIM_LABEL",
+    "path_colors",
+    "plot_kernel_floor",
+    "plot_kernel_sets",
+    "plot_ladder",
+    "plot_latency",
+    "plot_overview",
+    "plot_piecewise_break_cost",
+    "plot_speedup",
+    "plot_tokens_per_step",
+]
 
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
 # One colour per benchmark mode in every picture. None is the legacy path's red or the fixed path's blue
 # (path_colors), so red and blue always name a capture path: PIECEWISE purples, FULL greens, the compiled
 # flavour darker, eager grey and the torch.compile peer gold.
-MODE_COLORS = {"none": "#7f7f7f", "piecewise": "#9467bd", "compiled_piecewise": "#4a2a78", "full": "#4daf4a",
-               "compiled_full": "#0b4f12", "reduce_overhead": "#b8860b"}
-_STYLE = {mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker) for mode, marker in (
-    ("none", "o"), ("piecewise", "s"), ("full", "^"), ("compiled_piecewise", "D"), ("compiled_full", "v"),
-    ("reduce_overhead", "x"))}
+MODE_COLORS = {
+    "none": "#7f7f7f",
+    "piecewise": "#9467bd",
+    "compiled_piecewise": "#4a2a78",
+    "full": "#4daf4a",
+    "compiled_full": "#0b4f12",
+    "reduce_overhead": "#b8860b",
+}
+_STYLE = {
+    mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker)
+    for mode, marker in (
+        ("none", "o"),
+        ("piecewise", "s"),
+        ("full", "^"),
+        ("compiled_piecewise", "D"),
+        ("compiled_full", "v"),
+        ("reduce_overhead", "x"),
+    )
+}
 _FLOOR_MODES = ("full", "compiled_full")  # one launch a step: what is left above their floors is inside the graph
 _ROW_TOP_PT, _ROW_STEP_PT = 4, 10  # the kernel floor's label rows: below the top edge, apart (7 pt text)
 # The share of the axes height kept free of data per label row: enough for the rows on axes 1.5 inches tall.
@@ -62,8 +87,13 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
     ax.set_ylabel("speed-up over eager (median latency ratio)")
     ax.set_ylim(bottom=0)
     eager_launches = _launches(_by_size(result, "none", "launches").get(first, math.nan))
-    return _finish(ax, result, "Speed-up over eager", _all_sizes(result),
-                   legend_title=f"at batch {first} (eager: {eager_launches})")
+    return _finish(
+        ax,
+        result,
+        "Speed-up over eager",
+        _all_sizes(result),
+        legend_title=f"at batch {first} (eager: {eager_launches})",
+    )
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -89,11 +119,28 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
         down = -_ROW_TOP_PT - _ROW_STEP_PT * row
         for s, m, f in zip(sizes, median, floors[mode]):
             if not math.isnan(f) and f > 0:
-                ax.annotate(f"{(m / f - 1) * 100:+.0f}%", (s, 1), xycoords=ax.get_xaxis_transform(),
-                            textcoords="offset points", xytext=(0, down), ha="center", va="top", fontsize=7,
-                            color=color)
-        ax.annotate(label, (1, 1), xycoords="axes fraction", textcoords="offset points", xytext=(4, down),
-                    ha="left", va="top", fontsize=7, color=color)
+                ax.annotate(
+                    f"{(m / f - 1) * 100:+.0f}%",
+                    (s, 1),
+                    xycoords=ax.get_xaxis_transform(),
+                    textcoords="offset points",
+                    xytext=(0, down),
+                    ha="center",
+                    va="top",
+                    fontsize=7,
+                    color=color,
+                )
+        ax.annotate(
+            label,
+            (1, 1),
+            xycoords="axes fraction",
+            textcoords="offset points",
+            xytext=(4, down),
+            ha="left",
+            va="top",
+            fontsize=7,
+            color=color,
+        )
     _roofline(ax, result)
     ax.set_ylabel("µs per step (top rows: replay over its floor)")
     ax.set_ylim(0, highest / (1 - _ROW_BAND * len(modes)))
@@ -115,10 +162,23 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
     ax.bar(x, [r["median_us"] for r in rows], color=[_STYLE[r["mode"]][1] for r in rows], alpha=0.8)
     for i, r in enumerate(rows):
         if not math.isnan(r["kernel_floor_us"]):
-            ax.hlines(r["kernel_floor_us"], i - 0.4, i + 0.4, color="black", linestyle="--", linewidth=1,
-                      label="kernel floor" if i == 0 else None)
-        ax.annotate(f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels",
-                    (i, r["median_us"]), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+            ax.hlines(
+                r["kernel_floor_us"],
+                i - 0.4,
+                i + 0.4,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label="kernel floor" if i == 0 else None,
+            )
+        ax.annotate(
+            f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels",
+            (i, r["median_us"]),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            fontsize=7,
+        )
     _roofline(ax, result)
     ax.set_xticks(list(x), [r["label"].replace(" ", "\n", 1) for r in rows], fontsize=8)
     ax.set_yscale("log")
@@ -154,8 +214,9 @@ def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Ax
     if not {"piecewise", "full"} <= set(result.modes):
         return _missing(ax, result, title, "needs the PIECEWISE and FULL modes in the run")
     full = _by_size(result, "full", "median_us")
-    rows = sorted((r for r in result.rows if r["mode"] == "piecewise" and r["batch_size"] in full),
-                  key=lambda r: r["batch_size"])
+    rows = sorted(
+        (r for r in result.rows if r["mode"] == "piecewise" and r["batch_size"] in full), key=lambda r: r["batch_size"]
+    )
     breaks = [r.get("eager_breaks") or 0 for r in rows]
     if not rows or not all(breaks):
         return _missing(ax, result, title, "the PIECEWISE graphs have no eager break")
@@ -165,8 +226,10 @@ def plot_piecewise_break_cost(result: BenchResult, ax: Axes | None = None) -> Ax
     ax.plot(sizes, cost, marker=marker, color=color, label="(PIECEWISE - FULL) / eager breaks")
     ax.axhline(0.0, color="gray", linewidth=1, linestyle=":")
     first = rows[0]
-    note = (f"{breaks[0]} eager breaks, {_count(first['launches'])} launches per PIECEWISE step "
-            f"vs {_count(_by_size(result, 'full', 'launches')[sizes[0]])} for FULL (batch {sizes[0]})")
+    note = (
+        f"{breaks[0]} eager breaks, {_count(first['launches'])} launches per PIECEWISE step "
+        f"vs {_count(_by_size(result, 'full', 'launches')[sizes[0]])} for FULL (batch {sizes[0]})"
+    )
     if "attn_key_range" in first:  # FULL reads its capture-time key range: more attention work at large batch
         full_keys = _by_size(result, "full", "attn_key_range")[sizes[0]]
         note += f"\nattention key range: FULL {_count(full_keys)} keys, PIECEWISE {_count(first['attn_key_range'])}"
@@ -213,16 +276,35 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
     ax = _axes(ax)
     for color, (label, result) in zip(path_colors(results.values()), results.items()):
         tokens = result.tokens_per_step
-        ax.plot(range(1, len(tokens) + 1), tokens, marker="o", color=color,
-                label=f"{label}: {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}")
+        ax.plot(
+            range(1, len(tokens) + 1),
+            tokens,
+            marker="o",
+            color=color,
+            label=f"{label}: {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}",
+        )
     # On top, dashed: a run that matches the eager drafter lies right under it.
     reference = next(iter(results.values())).reference_tokens_per_step
-    ax.plot(range(1, len(reference) + 1), reference, color="black", linestyle="--", marker=".", zorder=3,
-            label=f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step")
+    ax.plot(
+        range(1, len(reference) + 1),
+        reference,
+        color="black",
+        linestyle="--",
+        marker=".",
+        zorder=3,
+        label=f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step",
+    )
     for bound, text in ((1, "1: no speculation"), (k + 1, f"{k + 1}: every draft accepted")):
         ax.axhline(bound, color="gray", linewidth=1, linestyle=":")
-        ax.annotate(text, (len(reference), bound), textcoords="offset points", xytext=(0, 3), ha="right",
-                    fontsize=7, color="gray")
+        ax.annotate(
+            text,
+            (len(reference), bound),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="right",
+            fontsize=7,
+            color="gray",
+        )
     ax.set_ylim(0, k + 1.6)
     ax.set_xlabel("speculative step")
     ax.set_ylabel("tokens per request per step (mean over the batch)")
@@ -257,11 +339,26 @@ def _legend_below(ax: Axes, title: str | None) -> None:
     rc = plt.rcParams
     tick_font = FontProperties(size=rc["xtick.labelsize"]).get_size_in_points()
     label_font = FontProperties(size=rc["axes.labelsize"]).get_size_in_points()
-    drop = (rc["xtick.major.size"] + rc["xtick.major.pad"] + 1.2 * tick_font  # ticks and their labels
-            + rc["axes.labelpad"] + 1.2 * label_font + 4)  # the axis label, and a gap
+    drop = (
+        rc["xtick.major.size"]
+        + rc["xtick.major.pad"]
+        + 1.2 * tick_font  # ticks and their labels
+        + rc["axes.labelpad"]
+        + 1.2 * label_font
+        + 4
+    )  # the axis label, and a gap
     below = ax.transAxes + ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, ncol=2, fontsize=8,
-              frameon=False, title=title, title_fontsize=8, alignment="left")
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0),
+        bbox_transform=below,
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+        title=title,
+        title_fontsize=8,
+        alignment="left",
+    )
 
 
 def _on_device(what: str, result: BenchResult, sep: str = "\n") -> str:
@@ -296,9 +393,14 @@ def _roofline(ax: Axes, result: BenchResult) -> None:
     env = result.environment
     if env.get("roofline_us") is None:
         return
-    ax.axhline(env["roofline_us"], color="gray", linestyle="-.", linewidth=1.2,
-               label=f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
-                     f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)")
+    ax.axhline(
+        env["roofline_us"],
+        color="gray",
+        linestyle="-.",
+        linewidth=1.2,
+        label=f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
+        f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)",
+    )
 
 
 def _by_size(result: BenchResult, mode: str, column: str) -> dict[int, float]:

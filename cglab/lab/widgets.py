@@ -25,28 +25,46 @@ from cglab.lab.draw import DPI, draw_caches, expect
 from cglab.lab.interactive import interactive
 from cglab.runner import ModelRunner
 
-__all__ = ["LAYER_MIXES", "MULTI_SELECT_HINT", "cached_repro", "case_label", "decode_explorer", "decode_scenario",
-           "divergence_explorer", "interactive_decode_explorer", "interactive_divergence_explorer",
-           "interactive_latency_explorer", "last_written_slots", "latency_explorer", "verdict", "verdict_table"]
+__all__ = [
+    "LAYER_MIXES",
+    "MULTI_SELECT_HINT",
+    "cached_repro",
+    "case_label",
+    "decode_explorer",
+    "decode_scenario",
+    "divergence_explorer",
+    "interactive_decode_explorer",
+    "interactive_divergence_explorer",
+    "interactive_latency_explorer",
+    "last_written_slots",
+    "latency_explorer",
+    "verdict",
+    "verdict_table",
+]
 
 PROMPT_LENGTHS = (5, 9, 3)  # three requests of different lengths: their blocks fill at different steps
 
 
-def decode_scenario(runner: ModelRunner, steps: int,
-                    prompt_lengths: Sequence[int] = PROMPT_LENGTHS) -> list[torch.Tensor]:
+def decode_scenario(
+    runner: ModelRunner, steps: int, prompt_lengths: Sequence[int] = PROMPT_LENGTHS
+) -> list[torch.Tensor]:
     """Each decode step's logits after an eager prefill of one request per prompt length (eager, so every
     runner starts from identical caches)."""
     longest = max(prompt_lengths, default=0)
     room = runner.config.max_model_len - longest
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= room:
-        raise ConfigError(f"the decode steps must be a whole number from 0 to {room} (max_model_len "
-                          f"{runner.config.max_model_len} minus the longest prompt, {longest} tokens), got {steps!r}")
+        raise ConfigError(
+            f"the decode steps must be a whole number from 0 to {room} (max_model_len "
+            f"{runner.config.max_model_len} minus the longest prompt, {longest} tokens), got {steps!r}"
+        )
     vocab = runner.config.vocab_size
     for i, length in enumerate(prompt_lengths):
         runner.add_request(f"req{i}")
         runner.step({f"req{i}": [(7 * i + 3 * j + 1) % vocab for j in range(length)]}, eager=True)
-    return [runner.step({f"req{i}": [(11 * i + 5 * step + 2) % vocab] for i in range(len(prompt_lengths))}).logits
-            for step in range(steps)]
+    return [
+        runner.step({f"req{i}": [(11 * i + 5 * step + 2) % vocab] for i in range(len(prompt_lengths))}).logits
+        for step in range(steps)
+    ]
 
 
 def last_written_slots(runner: ModelRunner) -> list[int]:
@@ -63,20 +81,26 @@ def decode_explorer(step: int = 4, *, device: str = "cpu") -> Figure:
     return draw_caches(runner, last_written_slots(runner), title=title)
 
 
-def latency_explorer(result: BenchResult, modes: Sequence[str] | None = None,
-                     batch_sizes: Sequence[int] | None = None) -> Figure:
+def latency_explorer(
+    result: BenchResult, modes: Sequence[str] | None = None, batch_sizes: Sequence[int] | None = None
+) -> Figure:
     """Replay latency against batch size for the chosen modes and batch sizes of a bench result (None: all
     of them); an empty choice draws only a line asking for one."""
     from cglab.lab.plots import plot_latency
 
-    expect(result, BenchResult, "latency_explorer takes a BenchResult, e.g. load_results('data/...csv') or "
-           "run_bench(...)")
-    missing = [what for what, chosen in (("mode", modes), ("batch size", batch_sizes))
-               if chosen is not None and not chosen]
+    expect(
+        result, BenchResult, "latency_explorer takes a BenchResult, e.g. load_results('data/...csv') or run_bench(...)"
+    )
+    missing = [
+        what for what, chosen in (("mode", modes), ("batch size", batch_sizes)) if chosen is not None and not chosen
+    ]
     if missing:
         return _message_figure(f"select at least one {' and one '.join(missing)}")
-    rows = [r for r in result.rows
-            if (modes is None or r["mode"] in modes) and (batch_sizes is None or r["batch_size"] in batch_sizes)]
+    rows = [
+        r
+        for r in result.rows
+        if (modes is None or r["mode"] in modes) and (batch_sizes is None or r["batch_size"] in batch_sizes)
+    ]
     fig = Figure(figsize=(7, 4.5), dpi=DPI, layout="constrained")
     plot_latency(BenchResult(rows, result.environment, result.config), fig.add_subplot())
     return fig
@@ -111,8 +135,13 @@ def interactive_latency_explorer(result: BenchResult) -> Any:
     batches = sorted({r["batch_size"] for r in result.rows})
     # Every option in view (up to 10 rows): the lists show 5 by default, and a mode below them goes unseen.
     controls = {
-        name: widgets.SelectMultiple(options=options, value=tuple(options), description=name.replace("_", " "),
-                                     rows=min(len(options), 10), tooltip=MULTI_SELECT_HINT)
+        name: widgets.SelectMultiple(
+            options=options,
+            value=tuple(options),
+            description=name.replace("_", " "),
+            rows=min(len(options), 10),
+            tooltip=MULTI_SELECT_HINT,
+        )
         for name, options in (("modes", modes), ("batch_sizes", batches))
     }
     return interactive(latency_explorer, controls, hint=MULTI_SELECT_HINT, result=result)

@@ -8,5 +8,13 @@ from cglab.layers.compressor import Compressor, compressor
 from cglab.layers.linear_attn import LinearAttention, linear_attention
 from cglab.layers.sconv import ShortConv, short_conv
 
-__all__ = ["Attention", "Compressor", "LinearAttention", "ShortConv", "compressor", "linear_attention", "short_conv",
-           "unified_attention"]
+__all__ = [
+    "Attention",
+    "Compressor",
+    "LinearAttention",
+    "ShortConv",
+    "compressor",
+    "linear_attention",
+    "short_conv",
+    "unified_attention",
+]

@@ -21,8 +21,15 @@ _MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over 
 
 
 @eager_break_during_capture
-def _unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor,
-                       kv_cache: torch.Tensor, layer_name: str, max_model_len: int) -> None:
+def _unified_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer_name: str,
+    max_model_len: int,
+) -> None:
     """Store keys and values at ``slot_mapping``, then attend over each token's history, into ``output``
     (only a caller's buffer survives between PIECEWISE segments). Live metadata: why attention-only
     models never noticed the bug."""
@@ -76,11 +83,13 @@ def _check_rows_hold(md: AttentionMetadata, layer_name: str, block_size: int, ma
         f"({max_model_len}), so attention would read block_table[{request}][{row}..{blocks - 1}], past the "
         f"{row} blocks of its row: an illegal address on a GPU. This is the crash that got vLLM PR #49364 "
         "reverted; #49751 splits the dummy batch so that no request exceeds max_model_len (drop "
-        "pre_49751_dummy_split)")
+        "pre_49751_dummy_split)"
+    )
 
 
-unified_attention = direct_register_custom_op("unified_attention", _unified_attention,
-                                              mutates_args=("output", "kv_cache"))
+unified_attention = direct_register_custom_op(
+    "unified_attention", _unified_attention, mutates_args=("output", "kv_cache")
+)
 
 
 class Attention(nn.Module):
@@ -95,8 +104,11 @@ class Attention(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size)
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.register_buffer("kv_cache", torch.zeros(2, config.num_blocks + 1, config.block_size,
-                                                     config.num_heads, config.head_dim), persistent=False)
+        self.register_buffer(
+            "kv_cache",
+            torch.zeros(2, config.num_blocks + 1, config.block_size, config.num_heads, config.head_dim),
+            persistent=False,
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)

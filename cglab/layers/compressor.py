@@ -19,8 +19,15 @@ from cglab.kernels import triton_kernel
 from cglab.metadata import CompressorMetadata
 
 
-def _compressor(kv: torch.Tensor, output: torch.Tensor, state_cache: torch.Tensor, compressed_cache: torch.Tensor,
-                pool_logits: torch.Tensor, layer_name: str, strict: bool = False) -> None:
+def _compressor(
+    kv: torch.Tensor,
+    output: torch.Tensor,
+    state_cache: torch.Tensor,
+    compressed_cache: torch.Tensor,
+    pool_logits: torch.Tensor,
+    layer_name: str,
+    strict: bool = False,
+) -> None:
     """Save each token's state, fold completed groups, and pool the entries each token may see."""
     md: CompressorMetadata | None = layer_metadata(layer_name, strict)
     if md is None:
@@ -40,8 +47,9 @@ def _compressor(kv: torch.Tensor, output: torch.Tensor, state_cache: torch.Tenso
     output.copy_(seen.sum(1) / visible.sum(1, keepdim=True).clamp(min=1))
 
 
-compressor = direct_register_custom_op("compressor", _compressor,
-                                       mutates_args=("output", "state_cache", "compressed_cache"))
+compressor = direct_register_custom_op(
+    "compressor", _compressor, mutates_args=("output", "state_cache", "compressed_cache")
+)
 
 
 class Compressor(nn.Module):
@@ -66,8 +74,15 @@ class Compressor(nn.Module):
             return hidden  # a profiling run: save nothing, see nothing (under torch.compile: for good)
         kv = self.kv_proj(self.norm(hidden))
         pooled = torch.empty_like(kv)
-        compressor(kv, pooled, self.state_cache, self.compressed_cache, self.pool_logits, self.layer_name,
-                   self.strict or self.python_guard)
+        compressor(
+            kv,
+            pooled,
+            self.state_cache,
+            self.compressed_cache,
+            self.pool_logits,
+            self.layer_name,
+            self.strict or self.python_guard,
+        )
         return hidden + self.out_proj(pooled)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

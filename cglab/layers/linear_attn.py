@@ -17,8 +17,15 @@ from cglab.metadata import LinearAttentionMetadata
 
 
 @eager_break_during_capture
-def _linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, decay: torch.Tensor,
-                      output: torch.Tensor, state_cache: torch.Tensor, layer_name: str) -> None:
+def _linear_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decay: torch.Tensor,
+    output: torch.Tensor,
+    state_cache: torch.Tensor,
+    layer_name: str,
+) -> None:
     """Run each request's new tokens through its state, then save it; tensor ops over ``max_query_len``
     offsets (a FULL decode graph records it). Position 0 starts from zero; PAD_SLOT_ID tokens and
     requests without live tokens write nowhere real (the spare last row)."""
@@ -56,8 +63,9 @@ def _linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     state_cache[torch.where(written, md.state_indices, spare)] = state
 
 
-linear_attention = direct_register_custom_op("linear_attention", _linear_attention,
-                                             mutates_args=("output", "state_cache"))
+linear_attention = direct_register_custom_op(
+    "linear_attention", _linear_attention, mutates_args=("output", "state_cache")
+)
 
 
 class LinearAttention(nn.Module):
@@ -73,8 +81,11 @@ class LinearAttention(nn.Module):
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         # sigmoid(2 +- noise): a memory of roughly ten tokens per head, different for every head.
         self.decay_logits = nn.Parameter(torch.randn(config.num_heads) + 2.0)
-        self.register_buffer("state_cache", torch.zeros(config.num_blocks + 1, config.num_heads, config.head_dim,
-                                                        config.head_dim), persistent=False)
+        self.register_buffer(
+            "state_cache",
+            torch.zeros(config.num_blocks + 1, config.num_heads, config.head_dim, config.head_dim),
+            persistent=False,
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)

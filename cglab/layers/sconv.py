@@ -15,8 +15,14 @@ from cglab.kernels import triton_kernel
 from cglab.metadata import ShortConvMetadata
 
 
-def _short_conv(x: torch.Tensor, output: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                layer_name: str, strict: bool = False) -> None:
+def _short_conv(
+    x: torch.Tensor,
+    output: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    layer_name: str,
+    strict: bool = False,
+) -> None:
     """Store each token's input at its slot, then convolve it with the inputs before it."""
     md: ShortConvMetadata | None = layer_metadata(layer_name, strict)
     if md is None:

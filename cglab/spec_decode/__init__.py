@@ -13,6 +13,18 @@ from cglab.spec_decode.repro import acceptance_rate, run_spec_repro, summarize_s
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, greedy_decode
 from cglab.spec_decode.speculator import AutoRegressiveSpeculator
 
-__all__ = ["DEFAULT_DRAFT_LAYERS", "AutoRegressiveSpeculator", "DraftModel", "SpecDecodeRunner", "SpecStepOutput",
-           "SpeculatorCudaGraphManager", "acceptance_rate", "draft_decode_mode", "draft_layer_pairs", "greedy_decode",
-           "greedy_verify", "run_spec_repro", "summarize_spec"]
+__all__ = [
+    "DEFAULT_DRAFT_LAYERS",
+    "AutoRegressiveSpeculator",
+    "DraftModel",
+    "SpecDecodeRunner",
+    "SpecStepOutput",
+    "SpeculatorCudaGraphManager",
+    "acceptance_rate",
+    "draft_decode_mode",
+    "draft_layer_pairs",
+    "greedy_decode",
+    "greedy_verify",
+    "run_spec_repro",
+    "summarize_spec",
+]

@@ -49,18 +49,32 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
     """A ``CudaGraphManager`` for one drafter graph set: it captures a drafter routine instead of the
     target's forward, with dummy metadata built through the buffers and builders it is given."""
 
-    def capture_routine(self, routine: DraftRoutine, input_buffers: InputBuffers, block_tables: BlockTables,
-                        attn_groups: Sequence[AttentionGroup], *,
-                        reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
-                        compilation_config: CompilationConfig) -> None:
+    def capture_routine(
+        self,
+        routine: DraftRoutine,
+        input_buffers: InputBuffers,
+        block_tables: BlockTables,
+        attn_groups: Sequence[AttentionGroup],
+        *,
+        reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
+        compilation_config: CompilationConfig,
+    ) -> None:
         """Capture ``routine`` for every descriptor of this manager's dispatcher.
 
         ``reads(metadata)``: what the routine reads from outside its graph, checked before each replay.
         """
+
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
-            return create_capture_forward(desc, self.dispatcher.max_num_reqs, input_buffers, block_tables,
-                                          attn_groups, compilation_config,
-                                          lambda num_reqs: routine(desc, num_reqs), reads)
+            return create_capture_forward(
+                desc,
+                self.dispatcher.max_num_reqs,
+                input_buffers,
+                block_tables,
+                attn_groups,
+                compilation_config,
+                lambda num_reqs: routine(desc, num_reqs),
+                reads,
+            )
 
         with torch.inference_mode():
             self.capture(create_forward_fn)

@@ -71,8 +71,9 @@ class DraftModel(nn.Module):
     them). The decoder layers' weights are seeded by ``seed``.
     """
 
-    def __init__(self, config: ToyConfig, layers: str | tuple[str, ...] | list[str], target: ToyTransformer,
-                 seed: int) -> None:
+    def __init__(
+        self, config: ToyConfig, layers: str | tuple[str, ...] | list[str], target: ToyTransformer, seed: int
+    ) -> None:
         super().__init__()
         self.layer_pairs = draft_layer_pairs(layers)
         self.max_position = config.max_model_len - 1

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 
 
-def greedy_verify(target_logits: torch.Tensor, tokens: Sequence[Sequence[int]],
-                  num_drafts: Sequence[int]) -> tuple[list[int], list[int]]:
+def greedy_verify(
+    target_logits: torch.Tensor, tokens: Sequence[Sequence[int]], num_drafts: Sequence[int]
+) -> tuple[list[int], list[int]]:
     """Per request: the drafts the target accepts, and the token that follows them.
 
     ``target_logits``: the step's ``[num_tokens, vocab]``, requests in order; ``tokens``: each

@@ -33,16 +33,28 @@ from cglab.spec_decode.draft_model import DRAFT_PREFIX, draft_layer_pairs
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
 
 
-def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_tokens: int = 2,
-                   legacy_skip_attn: bool = False, piecewise_flavor: str = "compiled",
-                   splitting_ops: Sequence[str] | None = None,
-                   layers: str | Sequence[str] = "sconv,attn,compressor,attn",
-                   draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS, strict_layers: bool = False,
-                   capture_sizes: Sequence[int] | None = None, batch_sizes: Sequence[int] = (3, 1, 8), steps: int = 16,
-                   frozen_step_index: bool = False, uniform_decode_by_shape: bool = False, seed: int = 0,
-                   device: str = "cpu", max_num_reqs: int | None = None, pre_49751_dummy_split: bool = False,
-                   progress: Callable[[], object] | None = None,
-                   **config_overrides: Any) -> ReproResult:
+def run_spec_repro(
+    mode: str | CUDAGraphMode = "piecewise",
+    *,
+    num_speculative_tokens: int = 2,
+    legacy_skip_attn: bool = False,
+    piecewise_flavor: str = "compiled",
+    splitting_ops: Sequence[str] | None = None,
+    layers: str | Sequence[str] = "sconv,attn,compressor,attn",
+    draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
+    strict_layers: bool = False,
+    capture_sizes: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] = (3, 1, 8),
+    steps: int = 16,
+    frozen_step_index: bool = False,
+    uniform_decode_by_shape: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    max_num_reqs: int | None = None,
+    pre_49751_dummy_split: bool = False,
+    progress: Callable[[], object] | None = None,
+    **config_overrides: Any,
+) -> ReproResult:
     """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
     from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
     ``batch_sizes[i % len(batch_sizes)]`` requests.
@@ -55,10 +67,28 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
     k = check_num_speculative_tokens(num_speculative_tokens)
     if k == 0:
         raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
-    cc = repro_compilation_config(mode, legacy_skip_attn, piecewise_flavor, splitting_ops, uniform_decode_by_shape,
-                                  capture_sizes, k, pre_49751_dummy_split)
-    config = repro_config(layers, capture_sizes, batch_sizes, steps, seed, strict_layers, num_speculative_tokens=k,
-                          max_num_reqs=max_num_reqs, pre_49751_dummy_split=pre_49751_dummy_split, **config_overrides)
+    cc = repro_compilation_config(
+        mode,
+        legacy_skip_attn,
+        piecewise_flavor,
+        splitting_ops,
+        uniform_decode_by_shape,
+        capture_sizes,
+        k,
+        pre_49751_dummy_split,
+    )
+    config = repro_config(
+        layers,
+        capture_sizes,
+        batch_sizes,
+        steps,
+        seed,
+        strict_layers,
+        num_speculative_tokens=k,
+        max_num_reqs=max_num_reqs,
+        pre_49751_dummy_split=pre_49751_dummy_split,
+        **config_overrides,
+    )
     ops = resolve_splitting_ops(cc.splitting_ops, config.layers)  # bad input fails here
     check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
     result = new_result(cc, config, steps, num_speculative_tokens=k)
@@ -68,8 +98,10 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
         runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
         return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, ops, k + 1)
-    result.cudagraph_mode, result.cudagraph_mode_note = (runner.target.cudagraph_mode.value,
-                                                         runner.target.cudagraph_mode_note)
+    result.cudagraph_mode, result.cudagraph_mode_note = (
+        runner.target.cudagraph_mode.value,
+        runner.target.cudagraph_mode_note,
+    )
     shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
     result.backend = runner.backend_name
     if runner.target.cudagraph_manager is not None:
@@ -94,8 +126,10 @@ def run_spec_repro(mode: str | CUDAGraphMode = "piecewise", *, num_speculative_t
             _count(result.draft_steps_by_mode.setdefault("prefill", {}), out.draft_prefill.cg_mode.value)
             for desc in out.draft_decode:
                 _count(result.draft_steps_by_mode.setdefault("decode", {}), desc.cg_mode.value)
-            for name, output, per_step in (("runner", out, result.tokens_per_step),
-                                           ("reference", ref, result.reference_tokens_per_step)):
+            for name, output, per_step in (
+                ("runner", out, result.tokens_per_step),
+                ("reference", ref, result.reference_tokens_per_step),
+            ):
                 outputs[name].append(output)
                 per_step.append(_tokens_per_request(output))
             if progress is not None:
@@ -124,9 +158,11 @@ def summarize_spec(result: ReproResult) -> str:
         verdict = "as the eager drafter's"
     tokens, reference = (sum(t) / len(t) for t in (result.tokens_per_step, result.reference_tokens_per_step))
     caches = divergence_verdict(result, cache_groups(result), caches_only=True, name_caches=True)
-    return (f"acceptance rate {result.acceptance_rate:.3f} (eager drafter {result.reference_acceptance_rate:.3f}), "
-            f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
-            f"generated tokens identical to the eager run: {result.outputs_identical}; {caches}")
+    return (
+        f"acceptance rate {result.acceptance_rate:.3f} (eager drafter {result.reference_acceptance_rate:.3f}), "
+        f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
+        f"generated tokens identical to the eager run: {result.outputs_identical}; {caches}"
+    )
 
 
 def spec_divergence_verdict(result: ReproResult) -> str:
@@ -138,8 +174,7 @@ def spec_divergence_verdict(result: ReproResult) -> str:
 def cache_groups(result: ReproResult) -> dict[str, list[str]]:
     """A speculative run's caches by owner, for ``divergence_verdict``."""
     drafter = [name for name in result.state_diffs if name.startswith(DRAFT_PREFIX)]
-    return {"target caches": [name for name in result.state_diffs if name not in drafter],
-            "drafter caches": drafter}
+    return {"target caches": [name for name in result.state_diffs if name not in drafter], "drafter caches": drafter}
 
 
 def acceptance_rate(steps: Sequence[SpecStepOutput]) -> float | None:

@@ -46,29 +46,40 @@ class SpecDecodeRunner:
     ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
     """
 
-    def __init__(self, config: ToyConfig, compilation_config: CompilationConfig | str | CUDAGraphMode = "none", *,
-                 num_speculative_tokens: int, draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
-                 frozen_step_index: bool = False, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        config: ToyConfig,
+        compilation_config: CompilationConfig | str | CUDAGraphMode = "none",
+        *,
+        num_speculative_tokens: int,
+        draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
+        frozen_step_index: bool = False,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if not isinstance(config, ToyConfig):
             raise ConfigError(f"SpecDecodeRunner needs a ToyConfig, got {type(config).__name__}")
         spec = SpeculativeConfig(num_speculative_tokens)  # checks K
         k = spec.num_speculative_tokens
         # A request holds at least one prompt token, then K + 1 tokens are verified at a time.
         if k + 2 > config.max_model_len or k + 1 > config.max_num_batched_tokens:
-            raise ConfigError(f"num_speculative_tokens {k} does not fit: a verification step writes {k + 1} tokens "
-                              f"per request after its prompt, but max_model_len is {config.max_model_len} and "
-                              f"max_num_batched_tokens {config.max_num_batched_tokens}; use fewer speculative tokens")
+            raise ConfigError(
+                f"num_speculative_tokens {k} does not fit: a verification step writes {k + 1} tokens "
+                f"per request after its prompt, but max_model_len is {config.max_model_len} and "
+                f"max_num_batched_tokens {config.max_num_batched_tokens}; use fewer speculative tokens"
+            )
         if not isinstance(frozen_step_index, bool):
             raise ConfigError(f"frozen_step_index must be True or False, got {frozen_step_index!r}")
         pairs = draft_layer_pairs(draft_layers)
         check_spec_decode_layers(config.layers, pairs)
         self.config = config
         self.num_speculative_tokens = k
-        self.target = ModelRunner(config, compilation_config, device=device,
-                                  speculative_config=dataclasses.replace(spec, draft_layers=pairs))
+        self.target = ModelRunner(
+            config, compilation_config, device=device, speculative_config=dataclasses.replace(spec, draft_layers=pairs)
+        )
         # The draft layers' weights differ from the target's, as a real drafter's would.
-        self.speculator = AutoRegressiveSpeculator(self.target, k, draft_layers, seed=config.seed + 1,
-                                                   frozen_step_index=frozen_step_index)
+        self.speculator = AutoRegressiveSpeculator(
+            self.target, k, draft_layers, seed=config.seed + 1, frozen_step_index=frozen_step_index
+        )
         self.prompts: dict[str, list[int]] = {}
         self.next_token: dict[str, int] = {}  # each request's latest token, not yet run through the target
         self.drafts: dict[str, list[int]] = {}  # the drafter's proposals for the tokens after it
@@ -87,8 +98,9 @@ class SpecDecodeRunner:
         self.prompts[req_id] = tokens
         self.outputs[req_id] = []
 
-    def step(self, req_ids: Sequence[str], eager: bool = False,
-             drafts: Mapping[str, Sequence[int]] | None = None) -> SpecStepOutput:
+    def step(
+        self, req_ids: Sequence[str], eager: bool = False, drafts: Mapping[str, Sequence[int]] | None = None
+    ) -> SpecStepOutput:
         """One step for ``req_ids``: verify their drafts (or run their prompts), then draft again.
 
         ``drafts`` replaces the runner's own proposals for the requests it names: an eager reference
@@ -117,11 +129,12 @@ class SpecDecodeRunner:
         num_valid = [len(t) - d + a for t, d, a in zip(tokens, num_drafts, accepted)]
         new_tokens = []
         for req_id, request, seq_len, toks, drafted, valid, nxt in zip(
-                req_ids, prepared.requests, prepared.seq_lens, tokens, num_drafts, num_valid, next_tokens):
+            req_ids, prepared.requests, prepared.seq_lens, tokens, num_drafts, num_valid, next_tokens
+        ):
             # Only the verified tokens count as computed: the rejected drafts' cache rows are
             # rewritten by the next step, which starts right after the last verified token.
             request.num_computed_tokens = seq_len - len(toks) + valid
-            new_tokens.append([*toks[len(toks) - drafted:valid], nxt])
+            new_tokens.append([*toks[len(toks) - drafted : valid], nxt])
             self.outputs[req_id] += new_tokens[-1]
             self.next_token[req_id] = nxt
         proposals, prefill, decodes = self.speculator.propose(prepared, output, tokens, num_valid, next_tokens)
@@ -138,12 +151,16 @@ class SpecDecodeRunner:
         k, checked = self.num_speculative_tokens, {}
         for req_id, proposal in drafts.items():
             if req_id not in req_ids or req_id not in self.next_token:
-                raise ConfigError(f"drafts names request {req_id!r}, which this step does not verify (not scheduled, "
-                                  "or its step runs its prompt); drop it from drafts")
+                raise ConfigError(
+                    f"drafts names request {req_id!r}, which this step does not verify (not scheduled, "
+                    "or its step runs its prompt); drop it from drafts"
+                )
             checked[req_id] = parse_token_ids(req_id, proposal)
             if len(checked[req_id]) != k:
-                raise ConfigError(f"request {req_id!r} got {len(checked[req_id])} drafts, but every verification step "
-                                  f"checks num_speculative_tokens = {k}; give exactly {k} token ids")
+                raise ConfigError(
+                    f"request {req_id!r} got {len(checked[req_id])} drafts, but every verification step "
+                    f"checks num_speculative_tokens = {k}; give exactly {k} token ids"
+                )
         return checked
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -159,10 +176,12 @@ def check_spec_decode_layers(layers: Sequence[str], draft_pairs: Sequence[tuple[
     """Refuse ``linear_attn`` in the target or the drafter: its one recurrent state per request would
     absorb the drafts that verification rejects, with no earlier state to go back to."""
     if "linear_attn" in layers or any(kind == "linear_attn" for _, kind in draft_pairs):
-        raise ConfigError("speculative decoding does not support linear_attn layers (target or drafter): such a layer "
-                          "keeps one recurrent state per request, which would absorb the rejected drafts, and the toy "
-                          "keeps no per-token states to roll back to; use attn, sconv or compressor layers with "
-                          "speculative tokens")
+        raise ConfigError(
+            "speculative decoding does not support linear_attn layers (target or drafter): such a layer "
+            "keeps one recurrent state per request, which would absorb the rejected drafts, and the toy "
+            "keeps no per-token states to roll back to; use attn, sconv or compressor layers with "
+            "speculative tokens"
+        )
 
 
 def greedy_decode(runner: ModelRunner, req_id: str, prompt: Sequence[int], num_tokens: int) -> list[int]:

@@ -52,8 +52,15 @@ class AutoRegressiveSpeculator:
     captured here, after the target's, with its graph backend, flavor, splitting ops and legacy switch.
     """
 
-    def __init__(self, target: ModelRunner, num_speculative_tokens: int, draft_layers: str | Sequence[str], *,
-                 seed: int, frozen_step_index: bool = False) -> None:
+    def __init__(
+        self,
+        target: ModelRunner,
+        num_speculative_tokens: int,
+        draft_layers: str | Sequence[str],
+        *,
+        seed: int,
+        frozen_step_index: bool = False,
+    ) -> None:
         config = target.config
         self.target = target
         self.num_speculative_tokens = num_speculative_tokens
@@ -63,19 +70,22 @@ class AutoRegressiveSpeculator:
         device = target.device
         # Draft decode writes all its inputs here; draft prefill only ids and positions (its metadata
         # is the target's).
-        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, device,
-                                          target.compilation_config.pre_49751_dummy_split)
+        self.input_buffers = InputBuffers(
+            config.max_num_reqs, config.max_num_tokens, device, target.compilation_config.pre_49751_dummy_split
+        )
         # The hidden states the drafter reads: the target's (draft prefill), then its own (draft decode).
-        self.hidden_states = torch.zeros(config.max_num_tokens, config.hidden_size,
-                                         dtype=getattr(torch, config.dtype), device=device)
+        self.hidden_states = torch.zeros(
+            config.max_num_tokens, config.hidden_size, dtype=getattr(torch, config.dtype), device=device
+        )
         self.vocab_size = config.vocab_size
         self.attn_groups = build_attn_groups(config, device, layers=self.model.layer_pairs)  # draft decode's own
         self.draft_tokens = torch.zeros(config.max_num_reqs, num_speculative_tokens, dtype=torch.long, device=device)
         self.last_token_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
         self.current_draft_step = torch.zeros((), dtype=torch.long, device=device)
         mode, sizes = target.cudagraph_mode, target.compilation_config.cudagraph_capture_sizes
-        self.prefill_dispatcher = CudagraphDispatcher(mode, sizes, config.max_num_reqs,
-                                                      decode_query_len=num_speculative_tokens + 1)
+        self.prefill_dispatcher = CudagraphDispatcher(
+            mode, sizes, config.max_num_reqs, decode_query_len=num_speculative_tokens + 1
+        )
         self.decode_dispatcher = CudagraphDispatcher(draft_decode_mode(mode), sizes, config.max_num_reqs)
         self.prefill_manager: SpeculatorCudaGraphManager | None = None
         self.decode_manager: SpeculatorCudaGraphManager | None = None
@@ -85,12 +95,15 @@ class AutoRegressiveSpeculator:
             # One compilation config for both models, as in vLLM: split at the target's splitting ops
             # that the drafter has.
             ops = [op for op in target.splitting_ops if op in {OP_OF_KIND[k] for _, k in self.model.layer_pairs}]
-            self.forward_model = build_forward_model(self.model, cc, mode, backend, ops, target.compile_backend,
-                                                     target.check_addresses)
-            self.prefill_manager = SpeculatorCudaGraphManager(backend, self.prefill_dispatcher,
-                                                              target.check_addresses, not cc.use_breakable_cg)
-            self.decode_manager = SpeculatorCudaGraphManager(backend, self.decode_dispatcher,
-                                                             target.check_addresses, not cc.use_breakable_cg)
+            self.forward_model = build_forward_model(
+                self.model, cc, mode, backend, ops, target.compile_backend, target.check_addresses
+            )
+            self.prefill_manager = SpeculatorCudaGraphManager(
+                backend, self.prefill_dispatcher, target.check_addresses, not cc.use_breakable_cg
+            )
+            self.decode_manager = SpeculatorCudaGraphManager(
+                backend, self.decode_dispatcher, target.check_addresses, not cc.use_breakable_cg
+            )
             self.capture()
 
     # ------------------------------------------------------------ capture
@@ -102,12 +115,24 @@ class AutoRegressiveSpeculator:
         cc = target.compilation_config
         # Indices left by earlier runs must not index out of range in the dummy batches.
         self.last_token_indices.zero_()
-        self.prefill_manager.capture_routine(self._captured_prefill, target.input_buffers, target.block_tables,
-                                             target.attn_groups, reads=self._reads, compilation_config=cc)
+        self.prefill_manager.capture_routine(
+            self._captured_prefill,
+            target.input_buffers,
+            target.block_tables,
+            target.attn_groups,
+            reads=self._reads,
+            compilation_config=cc,
+        )
         if self.num_speculative_tokens > 1:
             self.current_draft_step.fill_(1)  # warmup and capture run step 1, the first draft decode step
-            self.decode_manager.capture_routine(self._captured_decode, self.input_buffers, target.block_tables,
-                                                self.attn_groups, reads=self._reads, compilation_config=cc)
+            self.decode_manager.capture_routine(
+                self._captured_decode,
+                self.input_buffers,
+                target.block_tables,
+                self.attn_groups,
+                reads=self._reads,
+                compilation_config=cc,
+            )
 
     def _captured_prefill(self, desc: BatchExecutionDescriptor, num_reqs: int) -> torch.Tensor:
         out = self._run_model(desc.num_tokens)
@@ -120,21 +145,33 @@ class AutoRegressiveSpeculator:
         return self._decode(desc.num_tokens, step=1)
 
     def _reads(self, attn_metadata: Mapping[str, Any] | None) -> dict[str, torch.Tensor]:
-        return graph_reads(attn_metadata, input_ids=self.input_buffers.input_ids,
-                           positions=self.input_buffers.positions, last_token_indices=self.last_token_indices,
-                           hidden_states=self.hidden_states, draft_tokens=self.draft_tokens,
-                           current_draft_step=self.current_draft_step,
-                           **self.model.state_tensors())
+        return graph_reads(
+            attn_metadata,
+            input_ids=self.input_buffers.input_ids,
+            positions=self.input_buffers.positions,
+            last_token_indices=self.last_token_indices,
+            hidden_states=self.hidden_states,
+            draft_tokens=self.draft_tokens,
+            current_draft_step=self.current_draft_step,
+            **self.model.state_tensors(),
+        )
 
     def _source(self, name: str) -> str:
-        return tensor_source(name, [*self.target.attn_groups, *self.attn_groups], self.model.state_tensors(),
-                             " (AutoRegressiveSpeculator buffers)")
+        return tensor_source(
+            name,
+            [*self.target.attn_groups, *self.attn_groups],
+            self.model.state_tensors(),
+            " (AutoRegressiveSpeculator buffers)",
+        )
 
     # ------------------------------------------------------------ the routines
     def _run_model(self, num_tokens: int) -> torch.Tensor:
         """``[num_tokens, vocab + hidden]``: logits, then hidden states (``DraftModel.forward``)."""
-        return self.forward_model(self.input_buffers.input_ids[:num_tokens], self.input_buffers.positions[:num_tokens],
-                                  self.hidden_states[:num_tokens])
+        return self.forward_model(
+            self.input_buffers.input_ids[:num_tokens],
+            self.input_buffers.positions[:num_tokens],
+            self.hidden_states[:num_tokens],
+        )
 
     def _sample_prefill(self, out: torch.Tensor, num_reqs: int) -> None:
         """Greedy first draft from each request's last accepted row; with that row's hidden state it is
@@ -144,6 +181,7 @@ class AutoRegressiveSpeculator:
 
     def _decode(self, num_tokens: int, step: int) -> torch.Tensor:
         """One draft decode step: one token per request in, the next draft out (greedy)."""
+
         def write(tokens: torch.Tensor) -> None:
             if self.frozen_step_index:  # a Python int: a graph keeps the column it was captured with
                 self.draft_tokens[:num_tokens, step] = tokens
@@ -159,13 +197,18 @@ class AutoRegressiveSpeculator:
         tokens = rows[:, : self.vocab_size].argmax(-1)
         write_drafts(tokens)
         self.input_buffers.input_ids[:num_reqs] = tokens
-        self.hidden_states[:num_reqs] = rows[:, self.vocab_size:]
+        self.hidden_states[:num_reqs] = rows[:, self.vocab_size :]
 
     # ------------------------------------------------------------ proposing
     @torch.inference_mode()
-    def propose(self, step: PreparedStep, target_output: torch.Tensor, tokens: Sequence[Sequence[int]],
-                num_valid: Sequence[int], next_tokens: Sequence[int]
-                ) -> tuple[list[list[int]], BatchExecutionDescriptor, list[BatchExecutionDescriptor]]:
+    def propose(
+        self,
+        step: PreparedStep,
+        target_output: torch.Tensor,
+        tokens: Sequence[Sequence[int]],
+        num_valid: Sequence[int],
+        next_tokens: Sequence[int],
+    ) -> tuple[list[list[int]], BatchExecutionDescriptor, list[BatchExecutionDescriptor]]:
         """Drafts after the target ran ``step``: ``K`` tokens per request.
 
         ``target_output``: the target's padded output (logits, then hidden states), as ``execute``
@@ -186,7 +229,7 @@ class AutoRegressiveSpeculator:
         write_padded(self.input_buffers.input_ids, shifted, 0, padded)
         self.input_buffers.positions[:padded].copy_(batch.positions)  # the target's positions, on the device
         write_padded(self.last_token_indices, last_rows, 0, self.last_token_indices.shape[0])
-        self.hidden_states[:padded].copy_(target_output[:padded, self.vocab_size:])
+        self.hidden_states[:padded].copy_(target_output[:padded, self.vocab_size :])
         # The draft prefill takes the target's descriptor: same policy, sizes and uniform_token_count.
         prefill = step.descriptor
         if prefill.cg_mode is FULL:  # the graph samples too
@@ -198,8 +241,9 @@ class AutoRegressiveSpeculator:
                 assert self.prefill_manager is not None
                 self._check_reads(self.prefill_manager, prefill, step.attn_metadata)
             with set_forward_context(step.attn_metadata, prefill.cg_mode, prefill):
-                self._sample_prefill(self._run_model(prefill.num_tokens if prefill.cg_mode is PIECEWISE
-                                                     else batch.num_tokens), num_reqs)
+                self._sample_prefill(
+                    self._run_model(prefill.num_tokens if prefill.cg_mode is PIECEWISE else batch.num_tokens), num_reqs
+                )
         last_positions = [seq - len(toks) + valid - 1 for seq, toks, valid in zip(step.seq_lens, tokens, num_valid)]
         decodes = [self._decode_step(step, last_positions, k) for k in range(1, self.num_speculative_tokens)]
         return self.draft_tokens[:num_reqs].tolist(), prefill, decodes
@@ -213,9 +257,17 @@ class AutoRegressiveSpeculator:
         desc = self.decode_dispatcher.dispatch(num_reqs, num_reqs, uniform_token_count=1)
         graph = desc.cg_mode is not NONE
         num_padded = desc.num_tokens if graph else num_reqs
-        _, attn_metadata = prepare_inputs(requests, [1] * num_reqs, seq_lens, None, self.input_buffers,
-                                          self.target.block_tables, self.attn_groups, num_padded,
-                                          (desc.num_reqs or num_reqs) if graph else num_reqs)
+        _, attn_metadata = prepare_inputs(
+            requests,
+            [1] * num_reqs,
+            seq_lens,
+            None,
+            self.input_buffers,
+            self.target.block_tables,
+            self.attn_groups,
+            num_padded,
+            (desc.num_reqs or num_reqs) if graph else num_reqs,
+        )
         self.current_draft_step.fill_(k)
         if graph:  # FULL only: PIECEWISE graphs are not captured for draft decode
             assert self.decode_manager is not None
@@ -226,8 +278,9 @@ class AutoRegressiveSpeculator:
                 self._decode(num_reqs, k)
         return desc
 
-    def _check_reads(self, manager: SpeculatorCudaGraphManager, desc: BatchExecutionDescriptor,
-                     attn_metadata: Mapping[str, Any]) -> None:
+    def _check_reads(
+        self, manager: SpeculatorCudaGraphManager, desc: BatchExecutionDescriptor, attn_metadata: Mapping[str, Any]
+    ) -> None:
         if manager.check_addresses:
             manager.check_reads(desc, self._reads(attn_metadata), self._source)
 
