@@ -286,7 +286,7 @@ def test_breakable_capture_splits_and_eager_step_sees_live_state(backend: GraphB
     assert isinstance(graph.steps[0], GraphSegment) and isinstance(graph.steps[2], GraphSegment)
     assert isinstance(graph.steps[1], EagerStep) and len(kinds) == 3
     assert (graph.num_segments, graph.num_eager_breaks) == (2, 1)
-    assert graph.describe().splitlines()[2] == "eager: scaled_copy"
+    assert graph.steps[1].name == "scaled_copy"
 
     x.copy_(torch.tensor([5.0, -1.0]))
     _LIVE["scale"] = 7.0  # changed after capture: the eager step reads it at replay
@@ -413,13 +413,12 @@ def test_reset_frees_and_forbids_replay(backend: GraphBackend) -> None:
         graph.replay()
 
 
-def test_describe_names_the_backend(backend: GraphBackend) -> None:
+def test_repr_names_the_backend(backend: GraphBackend) -> None:
     x = _buf(backend, 1.0)
     graph, _ = backend.capture(lambda: x + 1)
-    assert isinstance(graph, CapturedGraph) and graph.backend_name == backend.name
-    text = graph.describe()
-    assert text.splitlines()[1].startswith("segment 0: 1 ops")
-    assert (SIMULATOR_LABEL in text) == (backend.name == "sim")
+    assert isinstance(graph, CapturedGraph) and graph.label == backend.label
+    assert repr(graph).endswith("ops per segment: [1])")
+    assert (SIMULATOR_LABEL in repr(graph)) == (backend.name == "sim")
 
 
 # -- grad modes ---------------------------------------------------------------------------------
@@ -460,8 +459,6 @@ def test_nested_capture_is_refused(backend: GraphBackend) -> None:
 
 
 def test_get_backend_names() -> None:
-    with pytest.raises(ConfigError, match="'sim'"):
-        get_backend("tpu")
     sim = get_backend("sim")
     assert sim.name == "sim" and sim.device == torch.device("cpu")
     assert get_backend("auto", "cpu").name == "sim"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from cglab.errors import ConfigError
 from cglab.graphs.capture_driver import (
     CapturedGraph,
     EagerStep,
@@ -30,16 +29,11 @@ __all__ = [
     "is_capturing",
 ]
 
-_NAMES = ("auto", "sim", "cuda")
-
 
 def get_backend(name: str = "auto", device: str | torch.device | None = None) -> GraphBackend:
-    """A graph backend; ``"auto"``: ``"cuda"`` when a GPU is visible and ``device`` allows, else ``"sim"``."""
+    """The graph backend ``"sim"`` or ``"cuda"``; ``"auto"``: ``"cuda"`` when a GPU is visible and ``device``
+    allows, else ``"sim"``."""
     if name == "auto":
         wants_cuda = device is None or torch.device(device).type == "cuda"
         name = "cuda" if wants_cuda and torch.cuda.is_available() else "sim"
-    if name == "sim":
-        return SimBackend(device)
-    if name == "cuda":
-        return CudaBackend(device)
-    raise ConfigError(f"unknown graph backend {name!r}; valid names: {', '.join(map(repr, _NAMES))}")
+    return {"sim": SimBackend, "cuda": CudaBackend}[name](device)

@@ -1,11 +1,10 @@
-"""The backend-agnostic capture driver and the captured-graph container.
+"""The capture driver shared by both backends, and the captured graph.
 
-A capture is a list of *steps*: graph segments (recorded work, replayed as a unit) and eager
-steps (Python functions re-run at replay). FULL mode makes one segment; PIECEWISE mode
-(``breakable=True``) ends a segment at every call of an ``eager_break_during_capture``
-function, runs it eagerly and starts a new segment, as vLLM does around attention.
-Backends (sim, cuda) only say how to open and close one segment; everything else lives here,
-and the aten op rules both obey live in ``ops``.
+A capture is a list of *steps*: graph segments (recorded work, replayed as a unit) and eager steps
+(Python functions re-run at replay). FULL mode makes one segment. PIECEWISE mode (``breakable=True``)
+ends a segment at every call of an ``eager_break_during_capture`` function, runs it eagerly and starts
+a new segment, as vLLM does around attention. A backend supplies only its ``CaptureSession``: the
+dispatch mode that watches the capture's aten ops, and how to open and close one segment.
 """
 
 from __future__ import annotations
@@ -21,89 +20,58 @@ from typing import Any, TypeVar
 import torch
 
 from cglab.errors import CaptureError
-from cglab.graphs.ops import _FIX_SCALAR, _host_sync_error
+from cglab.graphs.ops import _FIX_SCALAR, OpCounter, _host_sync_error
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 # The capture in progress in this thread/context, or None. A ContextVar (not a global) so two
 # threads or asyncio tasks never see each other's capture.
-_CURRENT: ContextVar[_ActiveCapture | None] = ContextVar("cglab_graph_capture", default=None)
+_CURRENT: ContextVar[CaptureSession | None] = ContextVar("cglab_graph_capture", default=None)
 
 
 def is_capturing() -> bool:
-    """True while a graph segment is being recorded in this context.
-
-    False inside an eager step of a breakable capture: like a GPU, that code really runs.
-    """
+    """True while a graph segment records in this context; False inside an eager step, which really runs."""
     return _CURRENT.get() is not None
 
 
-# --------------------------------------------------------------------------------------------
-# Steps and the captured graph
-# --------------------------------------------------------------------------------------------
-
-
 class GraphSegment(ABC):
-    """One recorded stretch of work; replaying it redoes all of it against the same memory."""
+    """One recorded stretch of work; replaying it redoes all of it against the memory seen at capture."""
 
-    def __init__(self, index: int, num_ops: int) -> None:
-        self.index = index
+    def __init__(self, num_ops: int) -> None:
         self.num_ops = num_ops
 
     @abstractmethod
-    def replay(self) -> None:
-        """Redo the recorded work (reads and writes the storage seen at capture)."""
+    def replay(self) -> None: ...
 
     @abstractmethod
     def reset(self) -> None:
-        """Drop the recording so its memory can be freed; replay is impossible afterwards."""
-
-    def describe(self) -> str:
-        empty = " (empty graph)" if self.num_ops == 0 else ""
-        return f"segment {self.index}: {self.num_ops} ops{empty}"
+        """Drop the recording so its memory can be freed."""
 
 
 class EagerStep:
-    """A function re-run for real at every replay, between two graph segments.
-
-    It keeps the very argument objects of the capture-time call, so it sees whatever those
-    buffers (and any Python state it reads) hold at replay time.
-    """
+    """A function re-run for real at every replay, between two graph segments. It keeps the argument
+    objects of the capture-time call, so it sees what those buffers (and any Python state) hold then."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
+        self.fn, self.args, self.kwargs = fn, args, kwargs
         self.name = getattr(fn, "__name__", repr(fn))
-        self._dropped = False
 
     def replay(self) -> None:
-        if self._dropped:
-            raise CaptureError(f"eager step {self.name!r} was reset; capture the graph again")
         self.fn(*self.args, **self.kwargs)
 
     def reset(self) -> None:
-        # Dropping the arguments lets the buffers they reference be freed.
-        self.args, self.kwargs, self._dropped = (), {}, True
-
-    def describe(self) -> str:
-        return f"eager: {self.name}"
+        self.args, self.kwargs = (), {}  # lets the buffers they reference be freed
 
 
 Step = GraphSegment | EagerStep
 
 
 class CapturedGraph:
-    """The result of a capture: ordered steps, replayed by one loop.
+    """The result of a capture: ordered steps, replayed by one loop. ``replay()`` rewrites the static
+    output that ``capture`` returned; the captured Python does not run again, except in eager steps."""
 
-    ``replay()`` redoes the captured work; the static output that ``capture`` returned is
-    rewritten in place each time. Python code of the captured function does not run again,
-    except inside eager steps.
-    """
-
-    def __init__(self, backend_name: str, steps: list[Step], label: str) -> None:
-        self.backend_name = backend_name
+    def __init__(self, steps: list[Step], label: str) -> None:
         self.steps = steps
         self.label = label
         self._is_reset = False
@@ -122,15 +90,15 @@ class CapturedGraph:
 
     @property
     def num_segments(self) -> int:
-        return sum(isinstance(s, GraphSegment) for s in self.steps)
+        return len(self.ops_per_segment)
 
     @property
     def num_eager_breaks(self) -> int:
-        return sum(isinstance(s, EagerStep) for s in self.steps)
+        return len(self.steps) - self.num_segments
 
     @property
     def ops_per_segment(self) -> list[int]:
-        """Ops that do work at replay (kernels on a GPU) per segment: views, aliases and bare
+        """Ops that do work at replay (a kernel each on a GPU) per segment: views, aliases and bare
         allocations are not counted, so the figure is the same on every backend."""
         return [s.num_ops for s in self.steps if isinstance(s, GraphSegment)]
 
@@ -138,37 +106,17 @@ class CapturedGraph:
     def num_ops(self) -> int:
         return sum(self.ops_per_segment)
 
-    def describe(self) -> str:
-        head = (
-            f"{self.label}: {self.num_segments} graph segment(s), "
-            f"{self.num_eager_breaks} eager break(s), {self.num_ops} ops"
-        )
-        if self._is_reset:
-            head += " [reset]"
-        return "\n".join([head, *(step.describe() for step in self.steps)])
-
     def __repr__(self) -> str:
-        return (
-            f"CapturedGraph(backend={self.backend_name!r}, segments={self.num_segments}, "
-            f"eager_breaks={self.num_eager_breaks}, ops={self.ops_per_segment})"
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# The eager-break decorator
-# --------------------------------------------------------------------------------------------
+        reset = ", reset" if self._is_reset else ""
+        return f"CapturedGraph({self.label}, ops per segment: {self.ops_per_segment}{reset})"
 
 
 def eager_break_during_capture(fn: F) -> F:
     """Mark ``fn`` as a place where a breakable (PIECEWISE) capture splits the graph.
 
-    Contract: ``fn`` must write its results into caller-provided tensors and return None (or
-    a value the caller ignores). Reason: at replay ``fn`` is re-run with the capture-time
-    arguments and only those caller buffers persist; a returned tensor would be the stale
-    object from capture time.
-
-    Outside a breakable capture (eager code, or a FULL capture) it is a plain call, so in FULL
-    mode its ops are captured into the single segment like any other code.
+    ``fn`` must write its results into caller-provided tensors and return None: at replay it re-runs with
+    the capture-time arguments, and only those buffers persist (a returned tensor would be stale).
+    Outside a breakable capture (eager code, or FULL) it is a plain call, so FULL records its ops.
     """
 
     @functools.wraps(fn)
@@ -180,8 +128,6 @@ def eager_break_during_capture(fn: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
-
-# -- host reads that bypass the dispatcher -------------------------------------------------------
 
 # Printing (torch disables dispatch modes while formatting), tolist() and numpy() read tensor
 # memory directly from Python, so no dispatch mode sees them; under inference mode neither does
@@ -203,12 +149,10 @@ _guard_saved: dict[str, Any] = {}
 
 
 def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    what = _GUARDED_METHODS[name]
-
     @functools.wraps(original)
     def guard(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if _CURRENT.get() is not None:
-            raise _host_sync_error(what, _FIX_SCALAR)
+            raise _host_sync_error(_GUARDED_METHODS[name], _FIX_SCALAR)
         return original(self, *args, **kwargs)
 
     return guard
@@ -229,26 +173,26 @@ def _host_read_guard() -> Iterator[None]:
         with _guard_lock:
             _guard_users -= 1
             if _guard_users == 0:
-                for name in _GUARDED_METHODS:
-                    saved = _guard_saved.pop(name)
+                for name, saved in _guard_saved.items():
                     if saved is None:
                         delattr(torch.Tensor, name)  # it was inherited from TensorBase
                     else:
                         setattr(torch.Tensor, name, saved)
 
 
-class CaptureSession(ABC):
-    """What a backend supplies for one capture: a scope and how to open/close a segment.
+class CaptureSession(OpCounter, ABC):
+    """One capture: the dispatch mode that sees its aten ops (entered around the whole capture, active
+    only while a segment records), its steps so far, and the backend's way to open and close a segment."""
 
-    Entered once around the whole capture. Between ``finish_segment`` and the next
-    ``start_segment`` (an eager step) nothing may be recorded.
-    """
+    def __init__(self, breakable: bool) -> None:
+        super().__init__(check_host_syncs=True, active=False)
+        self.breakable = breakable
+        self.steps: list[Step] = []
+        self.num_segments = 0
 
-    def __enter__(self) -> CaptureSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    def scope(self) -> contextlib.AbstractContextManager[Any]:
+        """What must hold around the whole capture (the capture stream on CUDA)."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def start_segment(self, index: int) -> None: ...
@@ -258,33 +202,24 @@ class CaptureSession(ABC):
 
     @abstractmethod
     def abandon_segment(self) -> None:
-        """Undo/close the open segment after an error; a no-op if none is open."""
+        """Undo or close the open segment after an error; a no-op if none is open."""
 
     def translate(self, exc: BaseException) -> BaseException | None:
         """A CaptureError for a backend's own capture-rule error, or None to re-raise as is."""
         return None
 
-
-class _ActiveCapture:
-    """State of one running capture: its session, whether it is breakable, the steps so far."""
-
-    def __init__(self, session: CaptureSession, breakable: bool) -> None:
-        self.session = session
-        self.breakable = breakable
-        self.steps: list[Step] = []
-        self.segments = 0
-
     def start(self) -> None:
-        self.session.start_segment(self.segments)
-        self.segments += 1
+        self.start_segment(self.num_segments)
+        self.num_segments += 1
+        self.active = True
 
     def finish(self) -> None:
-        self.steps.append(self.session.finish_segment())
+        self.active = False
+        self.steps.append(self.finish_segment())
 
     def run_eager(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.finish()
-        # Nested decorated calls inside fn are plain calls, and host reads are allowed: this
-        # code really runs, outside any graph.
+        # This code really runs, outside any graph: nested decorated calls are plain calls, host reads are allowed.
         token = _CURRENT.set(None)
         try:
             result = fn(*args, **kwargs)
@@ -296,10 +231,8 @@ class _ActiveCapture:
 
 
 class GraphBackend(ABC):
-    """A way to capture and replay graphs: ``SimBackend`` (any device) or ``CudaBackend``.
-
-    All graphs captured by one backend object share one memory pool.
-    """
+    """A way to capture and replay graphs: ``SimBackend`` (any device) or ``CudaBackend``. All graphs
+    captured by one backend object share one memory pool."""
 
     name: str
     device: torch.device
@@ -317,38 +250,37 @@ class GraphBackend(ABC):
         return None
 
     @abstractmethod
-    def _session(self) -> CaptureSession: ...
+    def _session(self, breakable: bool) -> CaptureSession: ...
 
     def capture(self, fn: Callable[[], T], *, breakable: bool = False) -> tuple[CapturedGraph, T]:
         """Run ``fn`` once under capture; return the graph and fn's result (the static output).
 
         ``breakable=False``: one segment (FULL). ``breakable=True``: every call of an
-        ``eager_break_during_capture`` function ends the segment, runs eagerly and becomes an
-        ``EagerStep`` (PIECEWISE). On error nothing stays half-captured: the open segment is
-        rolled back/closed, steps are reset and the backend can capture again.
+        ``eager_break_during_capture`` function becomes an ``EagerStep`` between segments (PIECEWISE).
+        On error nothing stays half-captured, and the backend can capture again.
         """
         if _CURRENT.get() is not None:
             raise CaptureError("capture() was called inside another capture; capture graphs one at a time")
-        session = self._session()
-        capture = _ActiveCapture(session, breakable)
-        token = _CURRENT.set(capture)
+        session = self._session(breakable)
+        token = _CURRENT.set(session)
         try:
-            with _host_read_guard(), session:
+            with _host_read_guard(), session.scope(), session:
                 try:
-                    capture.start()
+                    session.start()
                     out = fn()
-                    capture.finish()
+                    session.finish()
                 except BaseException as exc:
+                    session.active = False
                     session.abandon_segment()
-                    for step in capture.steps:
+                    for step in session.steps:
                         step.reset()
                     translated = session.translate(exc)
-                    if translated is not None and translated is not exc:
+                    if translated is not None:
                         raise translated from exc
                     raise
         finally:
             _CURRENT.reset(token)
-        return CapturedGraph(self.name, capture.steps, self.label), out
+        return CapturedGraph(session.steps, self.label), out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={str(self.device)!r})"

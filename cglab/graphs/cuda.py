@@ -13,15 +13,11 @@ import torch
 
 from cglab.errors import CaptureError, ConfigError
 from cglab.graphs.capture_driver import CaptureSession, GraphBackend, GraphSegment
-from cglab.graphs.ops import OpCounter, _host_sync_error
+from cglab.graphs.ops import _host_sync_error
 from cglab.kernels import triton_launches
 
 __all__ = ["CudaBackend", "CudaSegment"]
 
-NO_GPU_MESSAGE = (
-    "graph backend 'cuda' was requested but no CUDA GPU is visible; "
-    "use backend 'sim' (device cpu) to run the CPU simulator"
-)
 _FIX_ANY = (
     "a CUDA graph cannot make the host wait for the device during capture (`.item()`, "
     "`bool(tensor)`, printing, data-dependent shapes, host<->device copies, "
@@ -38,15 +34,14 @@ _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 class CudaSegment(GraphSegment):
     """One ``torch.cuda.CUDAGraph``; replay launches it on the current stream."""
 
-    def __init__(self, index: int, graph: torch.cuda.CUDAGraph, num_ops: int, backend: CudaBackend) -> None:
-        super().__init__(index, num_ops)
+    def __init__(self, graph: torch.cuda.CUDAGraph, num_ops: int, backend: CudaBackend) -> None:
+        super().__init__(num_ops)
         self._graph: torch.cuda.CUDAGraph | None = graph
         self._backend = backend
         backend._graphs_in_pool += 1
 
     def replay(self) -> None:
-        if self._graph is None:
-            raise CaptureError(f"CUDA graph segment {self.index} was reset; capture the graph again")
+        assert self._graph is not None, "CapturedGraph.replay refuses a reset graph"
         self._graph.replay()
 
     def reset(self) -> None:
@@ -63,49 +58,38 @@ def _looks_like_capture_violation(exc: BaseException) -> bool:
 
 
 class _CudaSession(CaptureSession):
-    def __init__(self, backend: CudaBackend) -> None:
+    def __init__(self, backend: CudaBackend, breakable: bool) -> None:
+        super().__init__(breakable)
         self._backend = backend
-        self._mode = OpCounter(check_host_syncs=True, active=False)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._index = -1
         self._launches_before = 0
-        self._stack = contextlib.ExitStack()
-        self._gc_was_enabled = True
 
-    def __enter__(self) -> _CudaSession:
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
         # Work queued before the capture must not be mistaken for captured work.
         torch.cuda.synchronize(self._backend.device)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self._backend._on_side_stream())
-            stack.enter_context(self._mode)
-            self._stack = stack.pop_all()
         # A graph left in a reference cycle (a failed capture's traceback holds one) is freed whenever
         # Python's cycle collector runs; torch's reset of a graph is not allowed while a stream captures,
         # and a test's capture was seen invalidated that way. So the collector waits until the session
         # ends; what it would have freed is freed after it.
-        self._gc_was_enabled = gc.isenabled()
+        gc_was_enabled = gc.isenabled()
         gc.disable()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
         try:
-            self._stack.__exit__(*exc)
+            with self._backend._on_side_stream():
+                yield
         finally:
-            if self._gc_was_enabled:
+            if gc_was_enabled:
                 gc.enable()
 
     def start_segment(self, index: int) -> None:
-        graph = torch.cuda.CUDAGraph()
-        self._graph, self._index = graph, index
-        self._mode.count = 0
+        self._graph = torch.cuda.CUDAGraph()
+        self.count = 0
         self._launches_before = triton_launches()
-        graph.capture_begin(pool=self._backend.pool)
-        self._mode.active = True
+        self._graph.capture_begin(pool=self._backend.pool)
 
     def finish_segment(self) -> GraphSegment:
         graph, self._graph = self._graph, None
         assert graph is not None, "no segment is open"
-        self._mode.active = False
         try:
             graph.capture_end()  # torch itself warns "The CUDA Graph is empty" if it is
         except BaseException:
@@ -113,11 +97,10 @@ class _CudaSession(CaptureSession):
             raise
         # A Triton launch is no aten op, so the counter misses it: the kernels package counts them.
         launched = triton_launches() - self._launches_before
-        return CudaSegment(self._index, graph, self._mode.count + launched, self._backend)
+        return CudaSegment(graph, self.count + launched, self._backend)
 
     def abandon_segment(self) -> None:
         graph, self._graph = self._graph, None
-        self._mode.active = False
         if graph is None:
             return
         try:
@@ -147,24 +130,18 @@ class CudaBackend(GraphBackend):
     name = "cuda"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        if not torch.cuda.is_available():
-            raise ConfigError(NO_GPU_MESSAGE)
         dev = torch.device("cuda") if device is None else torch.device(device)
-        if dev.type != "cuda":
-            raise ConfigError(f"graph backend 'cuda' needs a cuda device, got {dev}; use backend 'sim' for {dev}")
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            raise ConfigError(
+                f"graph backend 'cuda' needs a visible CUDA GPU and device 'cuda' (got {dev}); "
+                "use graph backend 'sim', the CPU simulator, otherwise"
+            )
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.device = dev
         self.label = f"CUDA graphs on {dev} ({torch.cuda.get_device_name(dev)})"
         self._pool: Any = None
         self._graphs_in_pool = 0
-
-    @property
-    def stream(self) -> torch.cuda.Stream:
-        """The side stream of capture and warmup (capture may not use the default stream)."""
-        if self.device not in _SIDE_STREAMS:
-            _SIDE_STREAMS[self.device] = torch.cuda.Stream(device=self.device)
-        return _SIDE_STREAMS[self.device]
 
     @property
     def pool(self) -> Any:
@@ -188,12 +165,15 @@ class CudaBackend(GraphBackend):
         free, total = torch.cuda.mem_get_info(self.device)
         return total - free
 
-    def _session(self) -> CaptureSession:
-        return _CudaSession(self)
+    def _session(self, breakable: bool) -> CaptureSession:
+        return _CudaSession(self, breakable)
 
     @contextlib.contextmanager
     def _on_side_stream(self) -> Iterator[None]:
-        stream = self.stream
+        """Capture and warmup run on a side stream: capture may not use the default stream."""
+        if self.device not in _SIDE_STREAMS:
+            _SIDE_STREAMS[self.device] = torch.cuda.Stream(device=self.device)
+        stream = _SIDE_STREAMS[self.device]
         current = torch.cuda.current_stream(self.device)
         stream.wait_stream(current)  # see the inputs the current stream wrote
         try:

@@ -1,6 +1,5 @@
 """The aten op rules both graph backends obey, read once per op from its schema: what it does to
-memory, whether it needs the host (cannot be captured), whether it is work (a kernel on a GPU).
-cglab's custom ops run their Python body (``inline_custom_op``), so their kernels count one by one."""
+memory, whether it needs the host (cannot be captured), whether it is work (a kernel on a GPU)."""
 
 from __future__ import annotations
 
@@ -13,18 +12,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cglab.custom_ops import custom_op_impl
 from cglab.errors import CaptureError
-
-
-def inline_custom_op(
-    mode: TorchDispatchMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[bool, Any]:
-    """Run a cglab custom op's body with ``mode`` active again; ``(False, None)`` for any other op."""
-    impl = custom_op_impl(func)
-    if impl is None:
-        return False, None
-    with mode:  # torch pops the mode while it handles an op: push it back for the body's kernels
-        return True, impl(*args, **kwargs)
-
 
 # Allocation-only ops: no kernel runs, so at replay there is nothing to do (the memory simply
 # holds whatever it holds, as uninitialised memory does).
@@ -80,12 +67,6 @@ def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
                 yield item
 
 
-def _written_tensors(info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
-    for pos, name in info.writes:
-        value = args[pos] if pos < len(args) else kwargs.get(name)
-        yield from _tensors_in(value)
-
-
 def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -118,11 +99,6 @@ def _fresh_outputs(
     return [f for f in found if _storage_ptr(f[2]) not in inputs]
 
 
-def _does_work(info: _OpInfo, fresh: list[tuple[int, int, torch.Tensor]]) -> bool:
-    """Whether the op is counted in ``ops_per_segment``: it writes memory or makes new data."""
-    return bool(info.writes) or bool(fresh)
-
-
 # -- host syncs --------------------------------------------------------------------------------
 
 _FIX_SCALAR = (
@@ -147,12 +123,9 @@ _SHAPE_SYNC_OPS = frozenset(
         "argwhere",
         "masked_select",
         "bincount",
-        "unique",
-        "_unique",
         "_unique2",
         "unique_dim",
         "unique_consecutive",
-        "unique_dim_consecutive",
     }
 )
 _COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})
@@ -213,8 +186,9 @@ def _check_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops that do work (a kernel each on a GPU) while ``active``, one rule for every
-    backend. ``check_host_syncs``: stop host syncs before CUDA sees them, so a capture closes cleanly."""
+    """Counts the aten ops that do work (a kernel each on a GPU) while ``active``: one rule for every backend.
+    cglab's custom ops run their Python body, so their kernels count one by one. ``check_host_syncs``:
+    refuse host syncs before CUDA sees them, so a capture closes cleanly. Subclasses record in ``run``."""
 
     def __init__(self, check_host_syncs: bool = False, active: bool = True) -> None:
         super().__init__()
@@ -228,13 +202,17 @@ class OpCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         if not self.active:
             return func(*args, **kwargs)
-        inlined, out = inline_custom_op(self, func, args, kwargs)
-        if inlined:
-            return out
+        impl = custom_op_impl(func)
+        if impl is not None:
+            with self:  # torch pops the mode while it handles an op: push it back for the body's kernels
+                return impl(*args, **kwargs)
         info = _op_info(func)
         if self.check_host_syncs:
             _check_host_sync(info, args, kwargs)
+        return self.run(func, info, args, kwargs)
+
+    def run(self, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
-        if not info.alloc and _does_work(info, _fresh_outputs(info, args, kwargs, out)):
+        if not info.alloc and (info.writes or _fresh_outputs(info, args, kwargs, out)):
             self.count += 1
         return out

@@ -12,64 +12,39 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 
-from cglab.errors import CaptureError
 from cglab.graphs.capture_driver import CaptureSession, GraphBackend, GraphSegment
-from cglab.graphs.ops import (
-    _check_host_sync,
-    _does_work,
-    _fresh_outputs,
-    _op_info,
-    _storage_ptr,
-    _tensors_in,
-    _written_tensors,
-    inline_custom_op,
-)
+from cglab.graphs.ops import _fresh_outputs, _OpInfo, _storage_ptr, _tensors_in
 
 __all__ = ["SIMULATOR_LABEL", "SimBackend", "SimSegment"]
 
 SIMULATOR_LABEL = "CPU simulator of CUDA graphs (semantics only, not speed)"
 
-# Record kinds, decided at capture so replay does no schema work.
-_CALL = 0  # re-run for its in-place writes
-_COPY_ONE = 1  # re-run and copy the single new tensor into the captured output
-_COPY_MANY = 2  # re-run and copy several new tensors (tuple / list returns)
-
-_Record = tuple[int, Any, tuple[Any, ...], dict[str, Any], Any]
+# (whether the op has one return, the op, its arguments, its keyword arguments, the captured outputs
+# that replay copies the new tensors into: (return index, list index or -1, tensor)).
+_Record = tuple[bool, Any, tuple[Any, ...], dict[str, Any], tuple[tuple[int, int, torch.Tensor], ...]]
 
 
 class SimSegment(GraphSegment):
     """A recorded list of aten calls; replay re-runs them in order on the captured tensors."""
 
-    def __init__(self, index: int, records: list[_Record], num_ops: int) -> None:
-        super().__init__(index, num_ops)
-        self._records: list[_Record] | None = records
+    def __init__(self, records: list[_Record], num_ops: int) -> None:
+        super().__init__(num_ops)
+        self._records = records
 
     def replay(self) -> None:
-        records = self._records
-        if records is None:
-            raise CaptureError(f"simulated segment {self.index} was reset; capture the graph again")
         # The record sits below autograd (the dispatch mode sees post-autograd calls), and model
         # buffers may be inference tensors: inference mode is right for both.
         with torch.inference_mode():
-            for kind, func, args, kwargs, dst in records:
-                if kind == _COPY_ONE:
-                    dst.copy_(func(*args, **kwargs))
-                elif kind == _CALL:
-                    func(*args, **kwargs)
-                else:
-                    result = func(*args, **kwargs)
-                    single, targets = dst
-                    items = (result,) if single else result
-                    for i, j, target in targets:
-                        target.copy_(items[i] if j < 0 else items[i][j])
+            for single, func, args, kwargs, targets in self._records:
+                result = func(*args, **kwargs)
+                items = (result,) if single else result
+                for i, j, target in targets:
+                    target.copy_(items[i] if j < 0 else items[i][j])
 
     def reset(self) -> None:
-        self._records = None
-
-    def describe(self) -> str:
-        return super().describe() + " (simulated)"
+        self._records = []
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -102,38 +77,24 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     return alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
 
-def _alias_all(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _alias(value)
-    if isinstance(value, list):
-        return [_alias(v) if isinstance(v, torch.Tensor) else v for v in value]
-    if isinstance(value, tuple):
-        return tuple(_alias(v) if isinstance(v, torch.Tensor) else v for v in value)
-    return value
-
-
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     """A uint8 tensor over the whole storage of ``t`` (covers every view of that memory)."""
     storage = t.untyped_storage()
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-class _Recorder:
-    """Records one segment and, when it closes, undoes its visible effects."""
+class _SimSession(CaptureSession):
+    """Records each segment's work and, when it closes, undoes what the work did."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.records: list[_Record] = []
-        self.num_ops = 0
+    def start_segment(self, index: int) -> None:
+        self.count, self._index, self._records = 0, index, []
         self._created: set[int] = set()  # storages born in this segment
         self._snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # ptr -> (bytes, saved)
         self._made: list[torch.Tensor] = []
 
-    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        info = _op_info(func)
-        _check_host_sync(info, args, kwargs)
-        if info.writes:
-            for t in _written_tensors(info, args, kwargs):
+    def run(self, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        for pos, name in info.writes:
+            for t in _tensors_in(args[pos] if pos < len(args) else kwargs.get(name)):
                 self._snapshot(t)
         out = func(*args, **kwargs)
         if info.alloc:
@@ -141,23 +102,17 @@ class _Recorder:
                 self._adopt(t)
             return out
         fresh = _fresh_outputs(info, args, kwargs, out)
-        if not _does_work(info, fresh):
+        if not (info.writes or fresh):
             return out  # views and aliases: the tensor object already points at the memory
         for _, _, t in fresh:
             self._adopt(t)
         # The record keeps aliases, not the caller's tensor objects: a GPU graph bakes in
         # addresses and strides, so later metadata changes (t_(), resize) must not leak into
         # replay, and replay writes must not bump autograd version counters.
-        args = tuple(_alias_all(a) for a in args)
-        kwargs = {k: _alias_all(v) for k, v in kwargs.items()}
-        if not fresh:
-            self.records.append((_CALL, func, args, kwargs, None))
-        elif info.num_returns == 1 and len(fresh) == 1 and fresh[0][1] < 0:
-            self.records.append((_COPY_ONE, func, args, kwargs, _alias(fresh[0][2])))
-        else:
-            targets = tuple((i, j, _alias(t)) for i, j, t in fresh)
-            self.records.append((_COPY_MANY, func, args, kwargs, (info.num_returns == 1, targets)))
-        self.num_ops += 1
+        args, kwargs = tree_map_only(torch.Tensor, _alias, (args, kwargs))
+        targets = tuple((i, j, _alias(t)) for i, j, t in fresh)
+        self._records.append((info.num_returns == 1, func, args, kwargs, targets))
+        self.count += 1
         return out
 
     def _snapshot(self, t: torch.Tensor) -> None:
@@ -173,8 +128,21 @@ class _Recorder:
             self._created.add(ptr)
             self._made.append(t)
 
-    def rollback(self) -> None:
-        """Make the segment look as if nothing ran, as on a GPU during capture."""
+    def finish_segment(self) -> GraphSegment:
+        self.abandon_segment()
+        if self.count == 0:
+            warnings.warn(
+                f"The simulated CUDA graph segment {self._index} is empty: nothing was recorded, "
+                f"so replaying it does nothing (on a GPU torch warns 'The CUDA Graph is empty'). "
+                f"[{SIMULATOR_LABEL}]",
+                UserWarning,
+                stacklevel=2,
+            )
+        return SimSegment(self._records, self.count)
+
+    def abandon_segment(self) -> None:
+        """Make the segment look as if nothing ran, as on a GPU during capture (the mode is inactive:
+        these copies and fills are not recorded)."""
         with torch.inference_mode():
             for raw, saved in self._snapshots.values():
                 raw.copy_(saved)
@@ -183,68 +151,6 @@ class _Recorder:
         self._snapshots.clear()
         self._made.clear()
         self._created.clear()
-
-
-class _RecordingMode(TorchDispatchMode):
-    """Routes every aten call to the open segment's recorder; passes through between segments."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.recorder: _Recorder | None = None
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        recorder = self.recorder
-        if recorder is None:
-            return func(*args, **kwargs)
-        inlined, out = inline_custom_op(self, func, args, kwargs)
-        if inlined:
-            return out
-        return recorder.record(func, args, kwargs)
-
-
-class _SimSession(CaptureSession):
-    def __init__(self) -> None:
-        self._mode = _RecordingMode()
-        self._recorder: _Recorder | None = None
-
-    def __enter__(self) -> _SimSession:
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
-
-    def start_segment(self, index: int) -> None:
-        self._recorder = _Recorder(index)
-        self._mode.recorder = self._recorder
-
-    def finish_segment(self) -> GraphSegment:
-        recorder = self._close()
-        if recorder.num_ops == 0:
-            warnings.warn(
-                f"The simulated CUDA graph segment {recorder.index} is empty: nothing was recorded, "
-                f"so replaying it does nothing (on a GPU torch warns 'The CUDA Graph is empty'). "
-                f"[{SIMULATOR_LABEL}]",
-                UserWarning,
-                stacklevel=2,
-            )
-        return SimSegment(recorder.index, recorder.records, recorder.num_ops)
-
-    def abandon_segment(self) -> None:
-        if self._recorder is not None:
-            self._close()
-
-    def _close(self) -> _Recorder:
-        recorder = self._recorder
-        assert recorder is not None, "no segment is open"
-        # Stop recording first: the rollback's own copies and fills must not be recorded.
-        self._mode.recorder = None
-        self._recorder = None
-        recorder.rollback()
-        return recorder
 
 
 class SimBackend(GraphBackend):
@@ -269,5 +175,5 @@ class SimBackend(GraphBackend):
         except (OSError, ValueError, IndexError):
             return None
 
-    def _session(self) -> CaptureSession:
-        return _SimSession()
+    def _session(self, breakable: bool) -> CaptureSession:
+        return _SimSession(breakable)
