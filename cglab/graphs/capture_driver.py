@@ -191,7 +191,7 @@ class CaptureSession(OpCounter, ABC):
         self.num_segments = 0
 
     def scope(self) -> contextlib.AbstractContextManager[Any]:
-        """What must hold around the whole capture (the capture stream on CUDA)."""
+        """What holds around the whole capture (on CUDA: the capture stream, and CUDA's errors made CaptureErrors)."""
         return contextlib.nullcontext()
 
     @abstractmethod
@@ -203,10 +203,6 @@ class CaptureSession(OpCounter, ABC):
     @abstractmethod
     def abandon_segment(self) -> None:
         """Undo or close the open segment after an error; a no-op if none is open."""
-
-    def translate(self, exc: BaseException) -> BaseException | None:
-        """A CaptureError for a backend's own capture-rule error, or None to re-raise as is."""
-        return None
 
     def start(self) -> None:
         self.start_segment(self.num_segments)
@@ -242,12 +238,13 @@ class GraphBackend(ABC):
         """Where warmup runs must happen (the capture stream on CUDA)."""
         return contextlib.nullcontext()
 
-    def synchronize(self) -> None:  # noqa: B027 - nothing to wait for unless a backend queues work
+    @abstractmethod
+    def synchronize(self) -> None:
         """Wait for queued device work (for timing)."""
 
+    @abstractmethod
     def memory_in_use(self) -> int | None:
         """Bytes in use where this backend's graphs keep their memory, or None if it cannot tell."""
-        return None
 
     @abstractmethod
     def _session(self, breakable: bool) -> CaptureSession: ...
@@ -269,14 +266,11 @@ class GraphBackend(ABC):
                     session.start()
                     out = fn()
                     session.finish()
-                except BaseException as exc:
+                except BaseException:
                     session.active = False
                     session.abandon_segment()
                     for step in session.steps:
                         step.reset()
-                    translated = session.translate(exc)
-                    if translated is not None:
-                        raise translated from exc
                     raise
         finally:
             _CURRENT.reset(token)

@@ -51,12 +51,6 @@ class CudaSegment(GraphSegment):
             self._backend._release_pool_use()
 
 
-def _looks_like_capture_violation(exc: BaseException) -> bool:
-    # torch raises AcceleratorError (a RuntimeError) with CUDA's text, e.g. "operation not
-    # permitted when stream is capturing" or "... a previous error during capture".
-    return isinstance(exc, RuntimeError) and "captur" in str(exc).lower()
-
-
 class _CudaSession(CaptureSession):
     def __init__(self, backend: CudaBackend, breakable: bool) -> None:
         super().__init__(breakable)
@@ -77,6 +71,13 @@ class _CudaSession(CaptureSession):
         try:
             with self._backend._on_side_stream():
                 yield
+        except RuntimeError as exc:
+            # torch raises AcceleratorError (a RuntimeError) with CUDA's text, e.g. "operation not
+            # permitted when stream is capturing" or "... a previous error during capture".
+            if isinstance(exc, CaptureError) or "captur" not in str(exc).lower():
+                raise
+            first_line = str(exc).strip().splitlines()[0]
+            raise _host_sync_error(f"torch: {first_line}", _FIX_ANY) from exc
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -115,12 +116,6 @@ class _CudaSession(CaptureSession):
             graph.reset()
             if self._backend._graphs_in_pool == 0:  # it was the pool's only user: see _release_pool_use
                 self._backend._pool = None
-
-    def translate(self, exc: BaseException) -> BaseException | None:
-        if isinstance(exc, CaptureError) or not _looks_like_capture_violation(exc):
-            return None
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return _host_sync_error(f"torch: {first_line}", _FIX_ANY)
 
 
 class CudaBackend(GraphBackend):

@@ -3,12 +3,12 @@ memory, whether it needs the host (cannot be captured), whether it is work (a ke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from cglab.custom_ops import custom_op_impl
 from cglab.errors import CaptureError
@@ -58,23 +58,12 @@ def _classify(func: Any) -> _OpInfo:
     return _OpInfo(name, alloc, writes, fresh, len(schema.returns))
 
 
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                yield item
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
-
-
-def _input_storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
-    ptrs = {_storage_ptr(t) for a in args for t in _tensors_in(a)}
-    ptrs.update(_storage_ptr(t) for v in kwargs.values() for t in _tensors_in(v))
-    return ptrs
 
 
 def _fresh_outputs(
@@ -94,8 +83,7 @@ def _fresh_outputs(
             found.extend((i, j, v) for j, v in enumerate(value) if isinstance(v, torch.Tensor))
     if not found:
         return found
-    inputs = _input_storages(args, kwargs)
-    inputs.discard(0)  # zero-size storages have no address to share
+    inputs = {_storage_ptr(t) for t in _tensors_in((args, kwargs))} - {0}  # zero-size storages share no address
     return [f for f in found if _storage_ptr(f[2]) not in inputs]
 
 
@@ -175,7 +163,7 @@ def _mask_put_syncs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 def _check_copy(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     # 0-dim CPU tensors are Python scalars in disguise (torch passes them by value): skip them.
-    devices = {t.device for a in args for t in _tensors_in(a) if not (t.device.type == "cpu" and t.dim() == 0)}
+    devices = {t.device for t in _tensors_in(args) if not (t.device.type == "cpu" and t.dim() == 0)}
     target = kwargs.get("device")
     if target is not None:
         devices.add(torch.device(target))
