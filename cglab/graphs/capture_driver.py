@@ -83,7 +83,6 @@ class CapturedGraph:
             step.replay()
 
     def reset(self) -> None:
-        """Drop every recording / CUDA graph so their memory can be freed."""
         for step in self.steps:
             step.reset()
         self._is_reset = True
@@ -107,17 +106,13 @@ class CapturedGraph:
         return sum(self.ops_per_segment)
 
     def __repr__(self) -> str:
-        reset = ", reset" if self._is_reset else ""
-        return f"CapturedGraph({self.label}, ops per segment: {self.ops_per_segment}{reset})"
+        return f"CapturedGraph({self.label}, ops per segment: {self.ops_per_segment})"
 
 
 def eager_break_during_capture(fn: F) -> F:
-    """Mark ``fn`` as a place where a breakable (PIECEWISE) capture splits the graph.
-
-    ``fn`` must write its results into caller-provided tensors and return None: at replay it re-runs with
-    the capture-time arguments, and only those buffers persist (a returned tensor would be stale).
-    Outside a breakable capture (eager code, or FULL) it is a plain call, so FULL records its ops.
-    """
+    """Mark ``fn`` as a place where a breakable (PIECEWISE) capture splits the graph. ``fn`` must write its
+    results into caller-provided tensors and return None: at replay it re-runs with the capture-time arguments,
+    and only those buffers persist. Elsewhere (eager code, or FULL) it is a plain call, so FULL records its ops."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -250,12 +245,9 @@ class GraphBackend(ABC):
     def _session(self, breakable: bool) -> CaptureSession: ...
 
     def capture(self, fn: Callable[[], T], *, breakable: bool = False) -> tuple[CapturedGraph, T]:
-        """Run ``fn`` once under capture; return the graph and fn's result (the static output).
-
-        ``breakable=False``: one segment (FULL). ``breakable=True``: every call of an
-        ``eager_break_during_capture`` function becomes an ``EagerStep`` between segments (PIECEWISE).
-        On error nothing stays half-captured, and the backend can capture again.
-        """
+        """Run ``fn`` once under capture; return the graph and fn's result (the static output). ``breakable``:
+        every call of an ``eager_break_during_capture`` function becomes an ``EagerStep`` between segments
+        (PIECEWISE); else one segment (FULL). On error nothing stays half-captured."""
         if _CURRENT.get() is not None:
             raise CaptureError("capture() was called inside another capture; capture graphs one at a time")
         session = self._session(breakable)

@@ -140,14 +140,12 @@ class CudaBackend(GraphBackend):
 
     @property
     def pool(self) -> Any:
-        """The memory pool handle shared by every graph of this backend."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool
 
     def warmup_context(self) -> contextlib.AbstractContextManager[Any]:
-        """Run warmup on the capture stream: lazy init (cuBLAS handles, workspaces) then happens
-        on the stream the capture will use."""
+        # Lazy initialisation (cuBLAS handles, workspaces) then happens on the stream the capture will use.
         return self._on_side_stream()
 
     def synchronize(self) -> None:
@@ -198,7 +196,5 @@ class CudaBackend(GraphBackend):
                 break
             except Exception:  # already unregistered, or another torch version's signature
                 continue
-        try:
+        with contextlib.suppress(Exception):
             graph.reset()
-        except Exception:
-            pass

@@ -1,7 +1,6 @@
-"""The toy model's token mixers: paged attention and linear attention (splitting ops, or eager breaks)
-and two attention-like stateful layers that run inside graph pieces and read attention metadata. Each
-one's kernel is a torch custom op (``cglab::unified_attention``, ``cglab::linear_attention``,
-``cglab::short_conv``, ``cglab::compressor``)."""
+"""The toy model's token mixers, each with its kernel in a torch custom op (``cglab::...``): attention and
+linear attention (splitting ops, or eager breaks), and two stateful layers that run inside graph pieces and
+read attention metadata (short conv, compressor)."""
 
 from cglab.layers.attention import Attention, unified_attention
 from cglab.layers.compressor import Compressor, compressor

@@ -1,8 +1,7 @@
-"""Paged attention, the custom op ``cglab::unified_attention`` PIECEWISE graphs split at (vLLM:
-``unified_attention_with_output``, ``vllm/compilation/breakable_cudagraph.py``); it runs eagerly at
-every step and reads live metadata. The aten body's key range is the host-side ``max_seq_len``
-(``max_model_len`` in capture metadata: a toy artefact); on CUDA the Triton kernel (``cglab/kernels``)
-stops at each request's ``seq_lens``, read on the device, as vLLM's kernels do."""
+"""Paged attention, the custom op ``cglab::unified_attention`` that PIECEWISE graphs split at (vLLM:
+``unified_attention_with_output``, ``vllm/compilation/breakable_cudagraph.py``): it runs eagerly on live
+metadata (why attention-only models never noticed the bug). The aten body reads keys up to the host-side
+``max_seq_len`` (a toy artefact); the Triton kernel stops at each request's ``seq_lens``, as vLLM's do."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from torch import nn
 from cglab.config import ToyConfig
 from cglab.custom_ops import direct_register_custom_op
 from cglab.errors import CaptureError
-from cglab.forward_context import get_forward_context
+from cglab.forward_context import layer_metadata
 from cglab.graphs import eager_break_during_capture
 from cglab.kernels import triton_kernel
 from cglab.metadata import AttentionMetadata, slots_at, token_requests_and_positions
@@ -31,13 +30,11 @@ def _unified_attention(
     max_model_len: int,
 ) -> None:
     """Store keys and values at ``slot_mapping``, then attend over each token's history, into ``output``
-    (only a caller's buffer survives between PIECEWISE segments). Live metadata: why attention-only
-    models never noticed the bug."""
-    metadata = get_forward_context().attn_metadata
-    if metadata is None:  # profiling run: no batch to attend over (vLLM's backends return zeros)
+    (only a caller's buffer survives between PIECEWISE segments)."""
+    md: AttentionMetadata | None = layer_metadata(layer_name, False)
+    if md is None:  # profiling run: no batch to attend over (vLLM's backends return zeros)
         output.zero_()
         return
-    md: AttentionMetadata = metadata[layer_name]
     block_size = kv_cache.shape[2]
     _check_rows_hold(md, layer_name, block_size, max_model_len)
     kernel = triton_kernel("unified_attention", query)
@@ -117,5 +114,4 @@ class Attention(nn.Module):
         return hidden + self.o_proj(out.flatten(1))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The cache without its spare block, for comparisons."""
         return {"kv_cache": self.kv_cache[:, :-1]}

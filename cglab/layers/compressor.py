@@ -1,11 +1,8 @@
 """DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``): every token saves
 a partial state at its slot, the one completing a group of ``ratio`` folds it into a compressed entry.
 The toy's layer also reads its sequence's entries (in vLLM, the sparse attention's job).
-
-vLLM runs its compressor inside the splitting op ``vllm::deepseek_v4_attention``, eagerly at every
-step with live metadata. The toy's construction puts it inside a graph piece: the custom op
-``cglab::compressor``, ``None`` guard inside, not a splitting op. ``python_guard=True`` moves the guard
-into ``forward``, Inkling's style."""
+vLLM runs it inside the splitting op ``vllm::deepseek_v4_attention``, eagerly on live metadata; the toy
+puts it inside a graph piece (the custom op ``cglab::compressor``, ``None`` guard inside)."""
 
 from __future__ import annotations
 
@@ -54,11 +51,11 @@ compressor = direct_register_custom_op(
 
 class Compressor(nn.Module):
     """Pre-norm compressor block. ``strict=True`` drops the profiling guard; ``python_guard=True`` moves it
-    from the op into ``forward``."""
+    from the op into ``forward`` (Inkling's style), so the op runs only with metadata."""
 
     def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False, python_guard: bool = False) -> None:
         super().__init__()
-        self.layer_name, self.strict, self.python_guard = layer_name, strict, python_guard
+        self.layer_name, self.strict, self.python_guard = layer_name, strict or python_guard, python_guard
         hidden, ratio = config.hidden_size, config.compress_ratio
         self.norm = nn.RMSNorm(hidden)
         self.kv_proj = nn.Linear(hidden, hidden, bias=False)
@@ -74,15 +71,7 @@ class Compressor(nn.Module):
             return hidden  # a profiling run: save nothing, see nothing (under torch.compile: for good)
         kv = self.kv_proj(self.norm(hidden))
         pooled = torch.empty_like(kv)
-        compressor(
-            kv,
-            pooled,
-            self.state_cache,
-            self.compressed_cache,
-            self.pool_logits,
-            self.layer_name,
-            self.strict or self.python_guard,
-        )
+        compressor(kv, pooled, self.state_cache, self.compressed_cache, self.pool_logits, self.layer_name, self.strict)
         return hidden + self.out_proj(pooled)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

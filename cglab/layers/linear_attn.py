@@ -1,7 +1,6 @@
-"""Linear attention with a recurrent state per request, the custom op ``cglab::linear_attention``
-(vLLM: ``vllm/model_executor/layers/mamba/``; PR #49364's NOTE: such backends "cannot generate
-capturable metadata for prefill"). Per head ``S_t = decay * S_(t-1) + k_t^T v_t``, ``o_t = q_t S_t``
-(q, k L2-normalised, decay in (0, 1)); a splitting op, so it runs eagerly on live metadata."""
+"""Linear attention with a recurrent state per request, the custom op ``cglab::linear_attention`` (vLLM:
+``vllm/model_executor/layers/mamba/``; PR #49364: such backends "cannot generate capturable metadata for
+prefill"). Per head ``S_t = decay * S_(t-1) + k_t^T v_t``, ``o_t = q_t S_t``; a splitting op."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from torch import nn
 
 from cglab.config import ToyConfig
 from cglab.custom_ops import direct_register_custom_op
-from cglab.forward_context import get_forward_context
+from cglab.forward_context import layer_metadata
 from cglab.graphs import eager_break_during_capture
 from cglab.kernels import triton_kernel
 from cglab.metadata import LinearAttentionMetadata
@@ -26,14 +25,12 @@ def _linear_attention(
     state_cache: torch.Tensor,
     layer_name: str,
 ) -> None:
-    """Run each request's new tokens through its state, then save it; tensor ops over ``max_query_len``
-    offsets (a FULL decode graph records it). Position 0 starts from zero; PAD_SLOT_ID tokens and
-    requests without live tokens write nowhere real (the spare last row)."""
-    metadata = get_forward_context().attn_metadata
-    if metadata is None:  # profiling run: no batch, no state (as attention)
+    """Run each request's new tokens through its state, then save it, in tensor ops over ``max_query_len``
+    offsets (a FULL decode graph records them). PAD_SLOT_ID tokens update nothing."""
+    md: LinearAttentionMetadata | None = layer_metadata(layer_name, False)
+    if md is None:  # profiling run: no batch, no state (as attention)
         output.zero_()
         return
-    md: LinearAttentionMetadata = metadata[layer_name]
     kernel = triton_kernel("linear_attention", query)
     if kernel is not None:  # CUDA: one launch, a state tile per program (cglab/kernels); the oracle is below
         kernel(query, key, value, decay, output, state_cache, md)
@@ -94,5 +91,4 @@ class LinearAttention(nn.Module):
         return hidden + self.o_proj(out.flatten(1))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The state cache without its spare entry, for comparisons."""
         return {"state_cache": self.state_cache[:-1]}

@@ -45,11 +45,11 @@ short_conv = direct_register_custom_op("short_conv", _short_conv, mutates_args=(
 
 class ShortConv(nn.Module):
     """Pre-norm depthwise causal convolution block. ``strict=True`` drops the profiling guard;
-    ``python_guard=True`` moves it from the op into ``forward``."""
+    ``python_guard=True`` moves it from the op into ``forward``, so the op runs only with metadata."""
 
     def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False, python_guard: bool = False) -> None:
         super().__init__()
-        self.layer_name, self.strict, self.python_guard = layer_name, strict, python_guard
+        self.layer_name, self.strict, self.python_guard = layer_name, strict or python_guard, python_guard
         hidden = config.hidden_size
         self.norm = nn.RMSNorm(hidden)
         self.in_proj = nn.Linear(hidden, hidden, bias=False)
@@ -63,8 +63,7 @@ class ShortConv(nn.Module):
             return hidden  # a profiling run: the block does nothing (under torch.compile: for good)
         x = self.in_proj(self.norm(hidden))
         conv = torch.empty_like(x)
-        # With the guard in forward the op itself has none: metadata is there whenever it runs.
-        short_conv(x, conv, self.conv_state, self.conv_weight, self.layer_name, self.strict or self.python_guard)
+        short_conv(x, conv, self.conv_state, self.conv_weight, self.layer_name, self.strict)
         return hidden + self.out_proj(nn.functional.silu(conv))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
