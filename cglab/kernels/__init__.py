@@ -1,12 +1,8 @@
 """Which kernels cglab's custom ops run: their aten bodies, or the toy's Triton kernels (this package).
 
-vLLM's kernels for these ops read ``seq_lens`` on the device, split in their own ways: Triton
-``unified_attention`` attends only, and the KV-cache write is its own op (``unified_kv_cache_update``);
-DeepSeek V4's compressor is two kernels (``save_partial_states``, ``compress_norm_rope_store``);
-Mamba and linear attention have separate prefill and decode kernels (``causal_conv1d_update`` for
-decode); Inkling's ``fused_sconv`` is one launch. The toy's choice: one launch per op (two for the
-compressor), prefill and decode alike. The aten bodies stay as the readable version, the CPU path,
-what the graph simulator records, and the oracle the Triton kernels are tested against. Which set
+The toy's choice: one launch per op (two for the compressor), prefill and decode alike; each kernel module
+says how vLLM's kernels for the op split the work. The aten bodies stay as the readable version, the CPU
+path, what the graph simulator records, and the oracle the Triton kernels are tested against. Which set
 runs is decided here and nowhere else: each op asks ``triton_kernel(op, tensor)`` after its guards.
 Triton is imported only when a kernel is asked for, so the CPU path never needs it.
 """
@@ -25,16 +21,7 @@ from cglab.errors import ConfigError
 if TYPE_CHECKING:  # no torch import at the top: the CLI checks options before it imports torch
     import torch
 
-__all__ = [
-    "KERNEL_SETS",
-    "check_kernels",
-    "default_kernels",
-    "kernels_in_use",
-    "triton_available",
-    "triton_kernel",
-    "triton_launches",
-    "use_kernels",
-]
+__all__ = ["KERNEL_SETS", "check_kernels", "triton_available", "triton_kernel", "triton_launches", "use_kernels"]
 
 KERNEL_SETS = ("aten", "triton")
 # op name -> (module of this package, its launcher, kernels one call launches).
@@ -54,15 +41,14 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def default_kernels(device_type: str) -> str:
-    """``"triton"`` on CUDA when Triton is there, else ``"aten"``."""
+def _default_kernels(device_type: str) -> str:
     return "triton" if device_type == "cuda" and triton_available() else "aten"
 
 
 def check_kernels(kernels: str | None, device_type: str) -> str:
     """The kernel set a run on ``device_type`` uses: ``kernels`` if it can run there, else a ConfigError."""
     if kernels is None:
-        return default_kernels(device_type)
+        return _default_kernels(device_type)
     if kernels not in KERNEL_SETS:
         raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
     if kernels == "triton" and device_type != "cuda":
@@ -78,19 +64,12 @@ def check_kernels(kernels: str | None, device_type: str) -> str:
     return kernels
 
 
-def kernels_in_use(device_type: str) -> str:
-    """The kernel set ops on ``device_type`` run now (``use_kernels`` or the default)."""
-    return _forced or default_kernels(device_type)
-
-
 @contextmanager
 def use_kernels(kernels: str | None) -> Iterator[None]:
     """Run every custom op with ``kernels`` (``"aten"`` or ``"triton"``; None: the per-device default)
     inside the block. Forcing ``"triton"`` on CPU tensors needs Triton's interpreter (``TRITON_INTERPRET=1``
     set before triton is imported): the kernel tests do that; the engine never does."""
     global _forced
-    if kernels is not None and kernels not in KERNEL_SETS:
-        raise ConfigError(f"kernels must be one of {', '.join(KERNEL_SETS)}, or None, got {kernels!r}")
     before, _forced = _forced, kernels
     try:
         yield
@@ -102,7 +81,7 @@ def triton_kernel(op_name: str, tensor: torch.Tensor) -> Callable[..., Any] | No
     """The Triton launcher of ``op_name`` if it should run for ``tensor`` (counted as launched); None:
     run the aten body."""
     global _launched
-    if op_name not in _LAUNCHERS or kernels_in_use(tensor.device.type) != "triton":
+    if (_forced or _default_kernels(tensor.device.type)) != "triton":
         return None
     _launched += _LAUNCHERS[op_name][2]
     return _launcher(op_name)
