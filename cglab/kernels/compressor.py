@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cglab.kernels.rows import row_channel_grid
+from cglab.kernels.rows import load_slots, row_channel_grid
 from cglab.metadata import CompressorMetadata
 
 
@@ -50,20 +50,9 @@ def _save_and_compress_kernel(
         weights = tl.exp(logits - tl.max(logits, axis=0))
         weights = weights / tl.sum(weights, axis=0)
         members = tl.load(group_slots + token * stride_groups + i, mask=i < RATIO, other=-1)
-        # Members this launch stores are read from their input rows (the group's last RATIO rows), not
-        # from the cache another program writes in no order relative to this one.
+        # Members in this batch are the group's last RATIO rows, read from the rows that store them.
         rows = token - (RATIO - 1 - i)
-        fresh = (members >= 0) & (rows >= 0)
-        fresh = fresh & (tl.load(slot_mapping + rows, mask=fresh, other=-1) == members)
-        cached = (members >= 0) & (fresh == 0)
-        group = (
-            tl.load(kv + rows[:, None] * stride_kv + c[None, :], mask=fresh[:, None] & c_ok[None, :], other=0.0)
-            + tl.load(
-                state_cache + members[:, None] * stride_state + c[None, :],
-                mask=cached[:, None] & c_ok[None, :],
-                other=0.0,
-            )
-        ).to(tl.float32)
+        group = load_slots(kv, state_cache, slot_mapping, rows, members, c, c_ok, stride_kv, stride_state)
         entry = tl.sum(group * weights[:, None], axis=0)
         tl.store(
             compressed_cache + entry_slot * stride_compressed + c,

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cglab.kernels.rows import row_channel_grid
+from cglab.kernels.rows import load_slots, row_channel_grid
 from cglab.metadata import ShortConvMetadata
 
 
@@ -40,21 +40,13 @@ def _short_conv_kernel(
     slot = tl.load(slot_mapping + token)
     if slot >= 0:  # a padding row (PAD_SLOT_ID) stores nothing
         tl.store(conv_state + slot * stride_state + c, x_row, mask=c_ok)
-    # Taps oldest first. A tap this launch stores is read from the input row that stores it (another
-    # program writes the cache, in no order relative to this one); taps before the sequence start (-1) are zero.
+    # Taps oldest first, each read from the row that stores it if it is in this batch; taps before the
+    # sequence start (-1) are zero.
     j = tl.arange(0, BLOCK_TAPS)
     j_ok = j < KERNEL_SIZE - 1
     taps = tl.load(tap_slots + token * stride_taps + j, mask=j_ok, other=-1)
     rows = token - (KERNEL_SIZE - 1 - j)
-    fresh = (taps >= 0) & (rows >= 0)
-    fresh = fresh & (tl.load(slot_mapping + rows, mask=fresh, other=-1) == taps)
-    cached = (taps >= 0) & (fresh == 0)
-    values = (
-        tl.load(x + rows[:, None] * stride_xt + c[None, :], mask=fresh[:, None] & c_ok[None, :], other=0.0)
-        + tl.load(
-            conv_state + taps[:, None] * stride_state + c[None, :], mask=cached[:, None] & c_ok[None, :], other=0.0
-        )
-    ).to(tl.float32)
+    values = load_slots(x, conv_state, slot_mapping, rows, taps, c, c_ok, stride_xt, stride_state)
     weights = tl.load(
         weight + j[:, None] * stride_weight + c[None, :], mask=j_ok[:, None] & c_ok[None, :], other=0.0
     ).to(tl.float32)
