@@ -47,14 +47,12 @@ def _classify(func: Any) -> _OpInfo:
     alloc = name in _ALLOC_OPS
     # In-place *view* ops (t_, unsqueeze_, set_, resize_) change only the Python tensor's
     # metadata, which is already in place after capture: re-running them would apply it twice.
-    metadata_only = torch.Tag.inplace_view in func.tags or name in _BOOKKEEPING_OPS
-    writes: tuple[tuple[int, str], ...] = ()
-    fresh: tuple[int, ...] = ()
-    if not (alloc or metadata_only):
-        writes = tuple(
-            (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
-        )
-        fresh = tuple(i for i, r in enumerate(schema.returns) if r.alias_info is None)
+    if alloc or torch.Tag.inplace_view in func.tags or name in _BOOKKEEPING_OPS:
+        return _OpInfo(name, alloc, (), (), len(schema.returns))
+    writes = tuple(
+        (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
+    fresh = tuple(i for i, r in enumerate(schema.returns) if r.alias_info is None)
     return _OpInfo(name, alloc, writes, fresh, len(schema.returns))
 
 
