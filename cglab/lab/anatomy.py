@@ -24,8 +24,6 @@ from cglab.forward_context import get_forward_context
 from cglab.graphs import CapturedGraph, EagerStep, GraphSegment
 from cglab.runner import ModelRunner
 
-__all__ = ["Piece", "describe_pieces", "describe_replays", "graph_pieces", "steps_as_pieces", "trace_replay"]
-
 
 @dataclass(frozen=True)
 class Piece:

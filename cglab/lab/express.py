@@ -8,15 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from cglab.config import CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs.sim import SimSegment
-from cglab.lab.draw import DPI
+from cglab.lab.draw import DPI, patch_legend
 from cglab.runner import ModelRunner
-
-__all__ = ["OpRow", "compare_recordings", "describe_recordings", "draw_recordings", "recorded_ops"]
 
 _KEPT, _LOST = "#4e79a7", "#e15759"
 
@@ -103,16 +100,9 @@ def draw_recordings(
         for x, present in ((0, row.in_first), (1, row.in_second)):
             color = "white" if not present else _LOST if row.in_first != row.in_second else _KEPT
             ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black", hatch="" if present else "//")
-            ax.text(
-                x + 0.5,
-                -y,
-                row.op if present else "nothing recorded",
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if present else "black",
-                bbox=None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1},
-            )
+            label, ink = (row.op, "white") if present else ("nothing recorded", "black")
+            box = None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1}
+            ax.text(x + 0.5, -y, label, ha="center", va="center", fontsize=7, color=ink, bbox=box)
     for x, (label, ops) in enumerate(zip(labels, (first, second))):
         ax.text(x + 0.5, 0.8, f"{label}: {len(ops)} ops", ha="center", va="bottom", fontsize=9, weight="bold")
     ax.set_xlim(0, 2)
@@ -121,13 +111,6 @@ def draw_recordings(
     ax.set_title(
         f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else ""), fontsize=10
     )
-    ax.legend(
-        handles=[Patch(color=_KEPT, label="recorded by both"), Patch(color=_LOST, label="recorded by one only")],
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        ncol=2,
-        fontsize="small",
-        frameon=False,
-    )
+    patch_legend(ax, {"recorded by both": _KEPT, "recorded by one only": _LOST}, "upper center", (0.5, 0.0))
     fig.tight_layout()
     return fig

@@ -11,8 +11,6 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-__all__ = ["STILL_LINE", "ControlState", "explorer_type", "interactive", "still_html"]
-
 STILL_LINE = "Run this cell to get the controls."
 
 # What ``interactive``'s ``state`` returns for some control values: the names of the controls that

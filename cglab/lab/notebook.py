@@ -9,8 +9,6 @@ import torch
 from cglab.compilation.backends import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
 
-__all__ = ["setup_notebook"]
-
 
 def setup_notebook(device: str | None = None) -> str:
     """``"cuda"`` where a GPU is visible, else ``"cpu"`` (the simulator). One CPU thread (tiny tensors: more

@@ -16,20 +16,6 @@ from cglab.bench import BENCH_MODES, BenchResult
 from cglab.errors import ConfigError
 from cglab.repro import ReproResult
 
-__all__ = [
-    "MODE_COLORS",
-    "SIM_LABEL",
-    "path_colors",
-    "plot_kernel_floor",
-    "plot_kernel_sets",
-    "plot_ladder",
-    "plot_latency",
-    "plot_overview",
-    "plot_piecewise_break_cost",
-    "plot_speedup",
-    "plot_tokens_per_step",
-]
-
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
 # One colour per benchmark mode in every picture. None is the legacy path's red or the fixed path's blue
 # (path_colors), so red and blue always name a capture path: PIECEWISE purples, FULL greens, the compiled
@@ -42,17 +28,8 @@ MODE_COLORS = {
     "compiled_full": "#0b4f12",
     "reduce_overhead": "#b8860b",
 }
-_STYLE = {
-    mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker)
-    for mode, marker in (
-        ("none", "o"),
-        ("piecewise", "s"),
-        ("full", "^"),
-        ("compiled_piecewise", "D"),
-        ("compiled_full", "v"),
-        ("reduce_overhead", "x"),
-    )
-}
+# Each mode's label, colour and marker (in MODE_COLORS' order: circle, square, diamond, triangles, cross).
+_STYLE = {mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker) for mode, marker in zip(MODE_COLORS, "osD^vx")}
 _FLOOR_MODES = ("full", "compiled_full")  # one launch a step: what is left above their floors is inside the graph
 _ROW_TOP_PT, _ROW_STEP_PT = 4, 10  # the kernel floor's label rows: below the top edge, apart (7 pt text)
 # The share of the axes height kept free of data per label row: enough for the rows on axes 1.5 inches tall.
@@ -87,13 +64,8 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
     ax.set_ylabel("speed-up over eager (median latency ratio)")
     ax.set_ylim(bottom=0)
     eager_launches = _launches(_by_size(result, "none", "launches").get(first, math.nan))
-    return _finish(
-        ax,
-        result,
-        "Speed-up over eager",
-        _all_sizes(result),
-        legend_title=f"at batch {first} (eager: {eager_launches})",
-    )
+    legend_title = f"at batch {first} (eager: {eager_launches})"
+    return _finish(ax, result, "Speed-up over eager", _all_sizes(result), legend_title=legend_title)
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -117,30 +89,12 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
         # One row of labels per mode in the band above the data, one per batch size: rows a fixed
         # distance apart never collide, and the band is kept free of curves by the y limit below.
         down = -_ROW_TOP_PT - _ROW_STEP_PT * row
+        text = {"textcoords": "offset points", "va": "top", "fontsize": 7, "color": color}
         for s, m, f in zip(sizes, median, floors[mode]):
             if not math.isnan(f) and f > 0:
-                ax.annotate(
-                    f"{(m / f - 1) * 100:+.0f}%",
-                    (s, 1),
-                    xycoords=ax.get_xaxis_transform(),
-                    textcoords="offset points",
-                    xytext=(0, down),
-                    ha="center",
-                    va="top",
-                    fontsize=7,
-                    color=color,
-                )
-        ax.annotate(
-            label,
-            (1, 1),
-            xycoords="axes fraction",
-            textcoords="offset points",
-            xytext=(4, down),
-            ha="left",
-            va="top",
-            fontsize=7,
-            color=color,
-        )
+                over = f"{(m / f - 1) * 100:+.0f}%"
+                ax.annotate(over, (s, 1), xycoords=ax.get_xaxis_transform(), xytext=(0, down), ha="center", **text)
+        ax.annotate(label, (1, 1), xycoords="axes fraction", xytext=(4, down), ha="left", **text)
     _roofline(ax, result)
     ax.set_ylabel("µs per step (top rows: replay over its floor)")
     ax.set_ylim(0, highest / (1 - _ROW_BAND * len(modes)))
@@ -162,23 +116,10 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
     ax.bar(x, [r["median_us"] for r in rows], color=[_STYLE[r["mode"]][1] for r in rows], alpha=0.8)
     for i, r in enumerate(rows):
         if not math.isnan(r["kernel_floor_us"]):
-            ax.hlines(
-                r["kernel_floor_us"],
-                i - 0.4,
-                i + 0.4,
-                color="black",
-                linestyle="--",
-                linewidth=1,
-                label="kernel floor" if i == 0 else None,
-            )
-        ax.annotate(
-            f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels",
-            (i, r["median_us"]),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="center",
-            fontsize=7,
-        )
+            label = "kernel floor" if i == 0 else None
+            ax.hlines(r["kernel_floor_us"], i - 0.4, i + 0.4, color="black", linestyle="--", linewidth=1, label=label)
+        text = f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels"
+        ax.annotate(text, (i, r["median_us"]), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     _roofline(ax, result)
     ax.set_xticks(list(x), [r["label"].replace(" ", "\n", 1) for r in rows], fontsize=8)
     ax.set_yscale("log")
@@ -276,35 +217,16 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
     ax = _axes(ax)
     for color, (label, result) in zip(path_colors(results.values()), results.items()):
         tokens = result.tokens_per_step
-        ax.plot(
-            range(1, len(tokens) + 1),
-            tokens,
-            marker="o",
-            color=color,
-            label=f"{label}: {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}",
-        )
+        label += f": {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}"
+        ax.plot(range(1, len(tokens) + 1), tokens, marker="o", color=color, label=label)
     # On top, dashed: a run that matches the eager drafter lies right under it.
     reference = next(iter(results.values())).reference_tokens_per_step
-    ax.plot(
-        range(1, len(reference) + 1),
-        reference,
-        color="black",
-        linestyle="--",
-        marker=".",
-        zorder=3,
-        label=f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step",
-    )
+    label = f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step"
+    ax.plot(range(1, len(reference) + 1), reference, color="black", linestyle="--", marker=".", zorder=3, label=label)
     for bound, text in ((1, "1: no speculation"), (k + 1, f"{k + 1}: every draft accepted")):
         ax.axhline(bound, color="gray", linewidth=1, linestyle=":")
-        ax.annotate(
-            text,
-            (len(reference), bound),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="right",
-            fontsize=7,
-            color="gray",
-        )
+        xy = (len(reference), bound)
+        ax.annotate(text, xy, textcoords="offset points", xytext=(0, 3), ha="right", fontsize=7, color="gray")
     ax.set_ylim(0, k + 1.6)
     ax.set_xlabel("speculative step")
     ax.set_ylabel("tokens per request per step (mean over the batch)")
@@ -337,16 +259,9 @@ def _legend_below(ax: Axes, title: str | None) -> None:
     """The legend under the x-axis label, where it covers no curve; constrained layout makes room. The drop is
     counted in points from the tick and label fonts, so it clears them at any axes size."""
     rc = plt.rcParams
-    tick_font = FontProperties(size=rc["xtick.labelsize"]).get_size_in_points()
-    label_font = FontProperties(size=rc["axes.labelsize"]).get_size_in_points()
-    drop = (
-        rc["xtick.major.size"]
-        + rc["xtick.major.pad"]
-        + 1.2 * tick_font  # ticks and their labels
-        + rc["axes.labelpad"]
-        + 1.2 * label_font
-        + 4
-    )  # the axis label, and a gap
+    fonts = sum(FontProperties(size=rc[key]).get_size_in_points() for key in ("xtick.labelsize", "axes.labelsize"))
+    # The ticks, their labels, the axis label, and a gap.
+    drop = rc["xtick.major.size"] + rc["xtick.major.pad"] + rc["axes.labelpad"] + 1.2 * fonts + 4
     below = ax.transAxes + ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
     ax.legend(
         loc="upper center",
@@ -393,14 +308,11 @@ def _roofline(ax: Axes, result: BenchResult) -> None:
     env = result.environment
     if env.get("roofline_us") is None:
         return
-    ax.axhline(
-        env["roofline_us"],
-        color="gray",
-        linestyle="-.",
-        linewidth=1.2,
-        label=f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
-        f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)",
+    label = (
+        f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
+        f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)"
     )
+    ax.axhline(env["roofline_us"], color="gray", linestyle="-.", linewidth=1.2, label=label)
 
 
 def _by_size(result: BenchResult, mode: str, column: str) -> dict[int, float]:
