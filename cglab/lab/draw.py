@@ -37,7 +37,8 @@ _MARKER_RISE_PT, _MARKER_PT = 7, 7  # a ▼ sits this far above the caches, this
 _FOR_CAPTURE = (True, False)  # breakable PIECEWISE before and after vLLM PR #49364
 
 
-def _figure(width: float, height: float) -> tuple[Figure, Axes]:
+def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
+    """A figure of one Axes at the suite's fixed DPI."""
     fig = Figure(figsize=(width, height), dpi=DPI)
     return fig, fig.add_subplot()
 
@@ -84,7 +85,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
         expected = (group_done if name.endswith("compressed_cache") else stored)[:, None]
         image[row] = np.where(shown, by_owner[owner], np.where(expected, _MISSING, _RESERVED))
 
-    fig, ax = _figure(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8)
+    fig, ax = new_figure(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8)
     ax.imshow(image, aspect="auto", interpolation="nearest")
     for x in range(0, num_slots + 1, bs):
         ax.axvline(x - 0.5, color="black", lw=0.8)
@@ -122,7 +123,7 @@ def _short_op(op: str) -> str:
 
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:
     """Each graph (or its ``graph_pieces``) as its replay sequence: graphs (width = ops) and eager steps."""
-    fig, ax = _figure(9, 0.9 * len(graphs) + 1.2)
+    fig, ax = new_figure(9, 0.9 * len(graphs) + 1.2)
     rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
     longest = max(sum(p.num_ops for p in pieces if not p.eager) for pieces in rows)
     eager_width = max(5.0, 0.05 * longest)  # wide enough for its label whatever the scale
@@ -135,9 +136,8 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
             color = _EAGER if piece.eager else "white" if empty else _SEGMENT
             ax.barh(y, width, left=x, height=height, color=color, edgecolor="black", hatch="//" if empty else "")
             label, size = (_short_op(piece.op), 7) if piece.eager else (str(piece.num_ops), 8)
-            ax.text(
-                x + width / 2, y, label, ha="center", va="center", fontsize=size, color="black" if empty else "white"
-            )
+            ink = "black" if empty else "white"
+            ax.text(x + width / 2, y, label, ha="center", va="center", fontsize=size, color=ink)
             if not piece.eager and piece.name.startswith("submod"):
                 ax.text(x + width / 2, y + height / 2 + 0.04, piece.name, ha="center", va="bottom", fontsize=7)
             x += width
@@ -150,10 +150,7 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
         f"replay order, left to right, in ops: a graph's width and number are the ops it recorded,\n"
         f"an eager step is drawn {eager_width:.3g} ops wide"
     )
-    legend = {
-        "graph: replays what it recorded": _SEGMENT,
-        "eager step: its Python runs, reading live metadata": _EAGER,
-    }
+    legend = {"graph: replays what it recorded": _SEGMENT, "eager step: its Python runs, reading live metadata": _EAGER}
     patch_legend(ax, legend, "lower center", (0.5, 1.0))
     fig.tight_layout()
     return fig
@@ -163,7 +160,7 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
     """The graph size each batch size runs in, and the padded rows it costs (eager past the last size),
     for batches of 1 to ``max_tokens`` tokens."""
     tokens = np.arange(1, max_tokens + 1)
-    fig, ax = _figure(8, 3.4)
+    fig, ax = new_figure(8, 3.4)
     modes = [m for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if m in dispatcher.policy.runtime_modes()]
     for mode, style in zip(modes, ("-", "--")):
         uniform = mode is CUDAGraphMode.FULL
@@ -232,7 +229,7 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
     columns = 3 + 2 * len(levels)  # batch, old for_capture, old levels, fixed for_capture, fixed levels
     image = np.ones((len(rows), columns, 3))
     old_start, fixed_start = 2, 3 + len(levels)
-    fig, ax = _figure(12.5, 0.5 * len(rows) + 2.6)
+    fig, ax = new_figure(12.5, 0.5 * len(rows) + 2.6)
     for y, row in enumerate(rows):
         cells = [(0, f"{row.describe_batch()}\n({'decode' if row.decode_shaped else 'prefill'}-shaped)", _RESERVED)]
         for start, for_capture, verdicts in zip((old_start, fixed_start), _FOR_CAPTURE, (row.old, row.fixed)):
@@ -243,9 +240,8 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
             ]
         for x, text, color in cells:  # grey cells state plain facts (no verdict): black text
             image[y, x] = color
-            ax.text(
-                x, y, text, ha="center", va="center", fontsize=7.5, color="black" if color == _RESERVED else "white"
-            )
+            ink = "black" if color == _RESERVED else "white"
+            ax.text(x, y, text, ha="center", va="center", fontsize=7.5, color=ink)
     ax.imshow(image, aspect="auto", interpolation="nearest")
     for x in range(columns + 1):
         ax.axvline(x - 0.5, color="white", lw=2)

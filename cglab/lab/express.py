@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from cglab.config import CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs.sim import SimSegment
-from cglab.lab.draw import DPI, patch_legend
+from cglab.lab.draw import new_figure, patch_legend
 from cglab.runner import ModelRunner
 
 _KEPT, _LOST = "#4e79a7", "#e15759"
@@ -69,10 +69,9 @@ def compare_recordings(first: Sequence[str], second: Sequence[str]) -> list[OpRo
     return rows
 
 
-def describe_recordings(
-    first: Sequence[str], second: Sequence[str], labels: tuple[str, str] = ("with metadata", "without metadata")
-) -> str:
-    """The two recordings as two text columns; ``---`` where one of them recorded nothing."""
+def describe_recordings(first: Sequence[str], second: Sequence[str]) -> str:
+    """The two recordings (with metadata, without) as two text columns; ``---`` where one recorded nothing."""
+    labels = ("with metadata", "without metadata")
     rows = compare_recordings(first, second)
     width = max([len(labels[0]), *(len(r.op) for r in rows)]) + 2
     lines = [f"  {labels[0]:<{width}}{labels[1]}"]
@@ -94,8 +93,7 @@ def draw_recordings(
     """Two columns of boxes, one per op, aligned by ``compare_recordings``: ops both recordings have in blue,
     ops only one has in red (an empty, hatched box opposite)."""
     rows = compare_recordings(first, second)
-    fig = Figure(figsize=(7, 0.24 * len(rows) + 1.3), dpi=DPI)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(7, 0.24 * len(rows) + 1.3)
     for y, row in enumerate(rows):
         for x, present in ((0, row.in_first), (1, row.in_second)):
             color = "white" if not present else _LOST if row.in_first != row.in_second else _KEPT
@@ -108,9 +106,8 @@ def draw_recordings(
     ax.set_xlim(0, 2)
     ax.set_ylim(-len(rows) + 0.4, 1.6)
     ax.axis("off")
-    ax.set_title(
-        f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else ""), fontsize=10
-    )
+    title = f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else "")
+    ax.set_title(title, fontsize=10)
     patch_legend(ax, {"recorded by both": _KEPT, "recorded by one only": _LOST}, "upper center", (0.5, 0.0))
     fig.tight_layout()
     return fig

@@ -23,34 +23,26 @@ _DRAW_LOCK = threading.Lock()
 
 
 class _Redraw:
-    """Redraws one output area, one draw at a time: a request during a draw marks it stale and the running
+    """Redraws one output area, one draw at a time: a request during a draw marks it stale and the drawing
     thread draws once more, so a burst of changes ends in one draw of the newest values."""
 
     def __init__(self, draw: Callable[[dict[str, Any]], None], controls: dict[str, Any]) -> None:
         self._draw, self._controls = draw, controls
-        self._state = threading.Lock()  # guards the two flags below
-        self._stale = self._running = False
+        self._drawing = threading.Lock()
+        self._stale = False
 
     def request(self, _change: Any = None) -> None:
-        with self._state:
-            self._stale = True
-            if self._running:
-                return  # the running draw sees the flag and draws again
-            self._running = True
-        try:
-            while True:
-                with self._state:
-                    if not self._stale:
-                        self._running = False
-                        return
-                    self._stale = False
-                    values = {name: control.value for name, control in self._controls.items()}
+        self._stale = True
+        # A request that finds a draw running returns at once: that thread sees the flag after its draw (it
+        # checks only once it has released the lock) and draws again with the newest values.
+        while self._stale and self._drawing.acquire(blocking=False):
+            try:
+                self._stale = False
+                values = {name: control.value for name, control in self._controls.items()}
                 with _DRAW_LOCK:
                     self._draw(values)
-        except BaseException:
-            with self._state:
-                self._running = False  # a failed draw must not wedge later redraws
-            raise
+            finally:
+                self._drawing.release()  # a failed draw must not wedge later redraws
 
 
 def still_html(figure: Figure | None) -> str:
@@ -65,9 +57,8 @@ def still_html(figure: Figure | None) -> str:
 
 
 class _WithStill:
-    """Mixed into an explorer's VBox: its display also carries a still (``still_html`` of its latest
-    figure). JupyterLab draws widgets only in outputs it trusts, and it does not trust a notebook it did
-    not run itself (one fresh from git): there it shows the still instead of ``VBox(children=...)``."""
+    """Mixed into an explorer's VBox: its display carries a still of its latest figure too, which JupyterLab
+    shows in a notebook it did not run itself (fresh from git), where it draws no widget."""
 
     latest_figure: Callable[[], Figure | None]
 

@@ -333,7 +333,6 @@ def _launches(value: float) -> str:
 
 def _model(result: BenchResult) -> str:
     c = result.config
-    try:
-        return f"{len(c['layers'].split(','))} layers, hidden {c['hidden_size']}, {c['dtype']}"
-    except (KeyError, AttributeError):
+    if not {"layers", "hidden_size", "dtype"} <= set(c):
         return "toy model"
+    return f"{len(c['layers'].split(','))} layers, hidden {c['hidden_size']}, {c['dtype']}"

@@ -1,6 +1,5 @@
-"""The notebooks' explorers: pure functions of their controls returning a figure (the caches as decode goes
-on, the bug's divergence from eager, replay latency), the verdicts and tables beside them, and
-``interactive_*`` wrappers whose initial values draw the same figure where widgets do not run."""
+"""The notebooks' explorers (caches as decode goes on, the bug's divergence from eager, replay latency): pure
+functions of their controls returning a figure, and ``interactive_*`` wrappers with controls over them."""
 
 from __future__ import annotations
 
@@ -103,9 +102,8 @@ def _remembered_repro(options: tuple[tuple[str, Any], ...]) -> ReproResult:
 
 
 def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
-    """``run_repro(mode, **options)``, remembered for the kernel's lifetime: the explorer and the tables ask
-    for the same seeded cases again and again, and a run's torch.compile trace is slow. The result is shared:
-    read it, do not change it."""
+    """``run_repro(mode, **options)``, remembered for the kernel's lifetime (the explorer and the tables ask for
+    the same seeded cases again and again); the result is shared: read it, do not change it."""
     bound = _REPRO_PARAMETERS.bind(mode, **options)
     bound.apply_defaults()  # the same case spelled with or without a default option is one case
     arguments = dict(bound.arguments)
@@ -131,17 +129,11 @@ def divergence_runs(
     prefilled first (plain decode, ``DECODE_STEPS`` steps); ``steps`` overrides the count."""
     if steps is None:
         steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
-    options = {
-        "piecewise_flavor": flavor,
-        "layers": layers,
-        "strict_layers": strict,
-        "steps": steps,
-        "prefill_chunk": PREFILL_CHUNK if chunked_prefill else 0,
-        "device": device,
-    }
+    chunk = PREFILL_CHUNK if chunked_prefill else 0
+    options: dict[str, Any] = {"layers": layers, "steps": steps, "prefill_chunk": chunk, "device": device}
     if divergence_control_state({"mode": mode})[0]:  # the switches change nothing here: one run, no switch named
-        options |= {"piecewise_flavor": "compiled", "strict_layers": False}
-        return {CUDAGraphMode.parse(mode).name: cached_repro(mode, legacy_skip_attn=False, **options)}
+        return {CUDAGraphMode.parse(mode).name: cached_repro(mode, **options)}
+    options |= {"piecewise_flavor": flavor, "strict_layers": strict}
     label = f"{case_label(mode, legacy, flavor)}{' strict' if strict else ''}"
     runs = {label: cached_repro(mode, legacy_skip_attn=legacy, **options)}
     if legacy:
@@ -174,9 +166,8 @@ def divergence_notes(*controls: Any, **options: Any) -> list[str]:
 
 
 def divergence_control_state(values: dict[str, Any]) -> ControlState:
-    """The explorer's switches that change nothing in ``values["mode"]``, and why: the flavor, the legacy
-    switch and strict layers act only where PIECEWISE graphs are captured (the old code skipped metadata
-    for those alone, and a strict layer fails only where it meets none)."""
+    """The explorer's switches that change nothing in ``values["mode"]`` (the flavor, legacy and strict act only
+    where PIECEWISE graphs are captured), and why."""
     mode = CUDAGraphMode.parse(values["mode"])
     if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
         return (), "FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked prefill) PIECEWISE ones"
@@ -210,10 +201,9 @@ def verdict_table(
     steps: int = 16,
     **repro_options: Any,
 ) -> str:
-    """A text grid: one row per case (``(mode, legacy)`` or ``(mode, legacy, flavor)``, compiled by default),
-    one column per layer mix, each cell ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised); ``repro_options``
-    go to every ``run_repro`` call. Cases as rows and long mixes wrapped keep it about 100 characters wide:
-    a notebook's output area beside JupyterLab's file browser at 1280 pixels holds 107."""
+    """One row per case (``(mode, legacy)`` or ``(mode, legacy, flavor)``), one column per layer mix, each cell
+    ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised). Long mixes wrap, to stay within the 107 characters a
+    notebook's output area holds beside JupyterLab's file browser."""
     full_cases = [(*case, "compiled")[:3] for case in cases]
     labels = [case_label(*case) for case in full_cases]
     headers = [_wrap_mix(layers) for layers in layer_mixes]
@@ -257,9 +247,8 @@ def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
 def latency_explorer(
     result: BenchResult, modes: Sequence[str] | None = None, batch_sizes: Sequence[int] | None = None
 ) -> Figure:
-    """Replay latency against batch size for the chosen modes and batch sizes of a bench result (None: all
-    of them); an empty choice draws only a line asking for one, in a frameless axes (IPython shows a figure
-    with no axes as text only)."""
+    """Replay latency against batch size for the chosen modes and batch sizes (None: all); an empty choice draws
+    a line asking for one, in frameless axes (IPython shows a figure with no axes as text only)."""
     from cglab.lab.plots import plot_latency
 
     missing = [
