@@ -1,11 +1,12 @@
-"""Text pictures of the toy engine: the environment, the requests' blocks, a prepared step, and which graph
-the dispatcher picks for a batch (under speculative decoding too)."""
+"""Text pictures of the toy engine: environment, requests' blocks, a prepared step, the dispatcher's picks."""
 
 from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
+from importlib.util import find_spec
 
 import matplotlib
 import torch
@@ -26,12 +27,8 @@ def describe_environment(device: str = "cpu") -> str:
     """Versions and the graph backend a notebook runs on, one per line."""
     backend = get_backend("auto", device)
     cuda = torch.version.cuda or "none (CPU build)"
-    try:  # a plain PyTorch install (a GPU box's, say) may lack it; only the widget cells need it
-        import ipywidgets
-
-        widgets = ipywidgets.__version__
-    except ImportError:
-        widgets = "not installed (widgets off)"
+    # A plain PyTorch install (a GPU box's, say) may lack ipywidgets; only the widget cells need it.
+    widgets = version("ipywidgets") if find_spec("ipywidgets") else "not installed (widgets off)"
     return (
         f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
         f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
@@ -64,8 +61,7 @@ def describe_step(prepared: PreparedStep) -> str:
 
 @dataclass(frozen=True)
 class BatchShape:
-    """A batch as the dispatcher sees it; ``by_shape``: the rule before vLLM PR #51865 (equal query lengths
-    are enough)."""
+    """A batch as the dispatcher sees it; ``by_shape``: the rule before vLLM PR #51865 (equal query lengths)."""
 
     label: str
     query_lens: tuple[int, ...]
@@ -78,8 +74,7 @@ class BatchShape:
 
 
 def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
-    """A descriptor as ``describe_dispatch`` prints it: ``FULL 4/4 u=1`` (mode, tokens/requests, uniform
-    token count), ``PIECEWISE 8`` (any number of requests), ``eager`` for NONE."""
+    """A descriptor as ``describe_dispatch`` prints it: ``FULL 4/4 u=1``, ``PIECEWISE 8``, ``eager`` (NONE)."""
     if desc.cg_mode is CUDAGraphMode.NONE:
         return "eager"
     reqs = "" if desc.num_reqs is None else f"/{desc.num_reqs}"
@@ -93,9 +88,7 @@ def describe_dispatch(
     shapes: Sequence[BatchShape],
     policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES,
 ) -> str:
-    """A table: one row per batch shape, one column per policy, each cell the graph dispatch picks
-    (``dispatch_cell``); ``uniform`` is the batch's ``uniform_token_count`` (``-``: None). Short cells keep
-    it within the 107 characters a notebook's output area holds beside JupyterLab's file browser."""
+    """A table of the graph dispatch picks (``dispatch_cell``), one row per batch shape, one column per policy."""
     dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
     header = ["batch", "uniform", *(p.name for p in policies)]
     rows = [header]
@@ -121,13 +114,11 @@ def describe_spec_decode_sizes(
     max_num_reqs: int,
     policy: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE,
 ) -> str:
-    """The target's graphs under speculative decoding as vLLM's two model runners choose them, one line each.
-
-    v1 (``adjust_cudagraph_sizes_for_spec_decode``, when the policy decodes in FULL) rounds every capture
-    size up to a multiple of K + 1, drops those above the largest (K + 1 alone if none is left; none fits:
-    a start-up error) and captures every mode at the rest. v2 keeps the sizes for PIECEWISE and rounds only
-    the FULL uniform-decode graphs (``uniform_decode_sizes``), as ``cglab`` does."""
+    """The target's graphs under speculative decoding as vLLM's two model runners choose them, one line each."""
     sizes, q = sorted(capture_sizes), num_speculative_tokens + 1
+    # v1 (adjust_cudagraph_sizes_for_spec_decode, when the policy decodes in FULL) rounds every size up to a
+    # multiple of K + 1 and keeps those up to the largest (K + 1 alone if none is left; none fits: a start-up
+    # error). v2 rounds only the FULL uniform-decode graphs (uniform_decode_sizes), as cglab does.
     v1 = sizes
     if policy.decode_mode() is CUDAGraphMode.FULL:
         v1 = sorted({r for r in (-(-s // q) * q for s in sizes) if r <= sizes[-1]})

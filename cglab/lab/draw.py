@@ -1,5 +1,4 @@
-"""Pictures of the toy engine: paged caches, captured graphs, padding, which builders can capture, divergence
-from eager. Figures are not pyplot's (a notebook shows each once, a test needs no display)."""
+"""Pictures of the toy engine: paged caches, captured graphs, padding, capture support, divergence from eager."""
 
 from __future__ import annotations
 
@@ -35,10 +34,12 @@ _EAGER, _SEGMENT = MODE_COLORS["none"], MODE_COLORS["full"]
 _PALETTE = ("#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#bab0ac", "#4e79a7", "#ff9da7")  # requests
 _MARKER_RISE_PT, _MARKER_PT = 7, 7  # a ▼ sits this far above the caches, this tall: clear of its title
 _FOR_CAPTURE = (True, False)  # breakable PIECEWISE before and after vLLM PR #49364
+_LEVEL_LABELS = {"UNIFORM_SINGLE_TOKEN_DECODE": "UNIFORM_SINGLE_\nTOKEN_DECODE", "UNIFORM_BATCH": "UNIFORM_\nBATCH"}
 
 
 def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
     """A figure of one Axes at the suite's fixed DPI."""
+    # Not pyplot's: a notebook shows each figure once, and a test needs no display.
     fig = Figure(figsize=(width, height), dpi=DPI)
     return fig, fig.add_subplot()
 
@@ -62,8 +63,7 @@ def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) ->
 
 
 def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title: str = "") -> Figure:
-    """Every cache as a row of slots coloured by owning request; red: reached but never written (the
-    bug's signature); grey: reserved. ``highlight_slots`` get a ▼ above the rows."""
+    """Every cache as a row of slots coloured by owning request (red: reached, never written); ▼ marks slots."""
     bs, ratio = runner.config.block_size, runner.config.compress_ratio
     requests = list(runner.requests.values())
     used_blocks = max((b for r in requests for b in r.block_ids), default=0) + 1
@@ -117,8 +117,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
 
 def _short_op(op: str) -> str:
     """``"cglab::unified_attention"`` -> ``"attn"``: the layer kind whose kernel the op is."""
-    kinds = {name: kind for kind, name in OP_OF_KIND.items()}
-    return kinds.get(op, op.split("::")[-1].lstrip("_"))
+    return {name: kind for kind, name in OP_OF_KIND.items()}.get(op, op.split("::")[-1].lstrip("_"))
 
 
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:
@@ -157,8 +156,7 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
 
 
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
-    """The graph size each batch size runs in, and the padded rows it costs (eager past the last size),
-    for batches of 1 to ``max_tokens`` tokens."""
+    """The graph size each batch of 1 to ``max_tokens`` tokens runs in, and the padded rows it costs."""
     tokens = np.arange(1, max_tokens + 1)
     fig, ax = new_figure(8, 3.4)
     modes = [m for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if m in dispatcher.policy.runtime_modes()]
@@ -170,8 +168,7 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
         ax.step(tokens, size, where="mid", ls=style, color=color, label=f"{mode.name} graph size")
         ax.fill_between(tokens, tokens, size, step="mid", color=color, alpha=0.15)
     ax.plot(tokens, tokens, color="black", lw=0.8, label="real tokens (no padding)")
-    ax.set_xlabel("tokens in the batch")
-    ax.set_ylabel("tokens the graph computes")
+    ax.set(xlabel="tokens in the batch", ylabel="tokens the graph computes")
     ax.set_title("padding to the next capture size (shaded: wasted rows; no line: runs eagerly)")
     ax.legend(frameon=False)
     fig.tight_layout()
@@ -180,8 +177,9 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
 
 @dataclass(frozen=True)
 class CaptureBatchSupport:
-    """One capture size: its dummy batch and, per support level, whether a builder of that level can build
-    its metadata before vLLM PR #49364 (``old``, ``for_capture=True``) and after it (``fixed``)."""
+    """One capture size: its dummy batch and, per support level, can a builder build its metadata?"""
+
+    # old: before vLLM PR #49364 (for_capture=True); fixed: after it.
 
     num_tokens: int
     query_lens: tuple[int, ...]
@@ -214,16 +212,8 @@ def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[Cap
     return rows
 
 
-def _level_label(level: AttentionCGSupport) -> str:
-    return level.name.replace("UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_SINGLE_\nTOKEN_DECODE").replace(
-        "UNIFORM_BATCH", "UNIFORM_\nBATCH"
-    )
-
-
 def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Figure:
-    """One row per capture size: the dummy batch breakable PIECEWISE captures on, ``for_capture`` before
-    and after vLLM PR #49364, and for each ``AttentionCGSupport`` level whether a builder of that level
-    can build the metadata (green) or fails at capture (red)."""
+    """``capture_support`` as a grid: can a builder of each level build breakable PIECEWISE capture's metadata?"""
     rows = capture_support(max_num_reqs, capture_sizes)
     levels = list(AttentionCGSupport)
     columns = 3 + 2 * len(levels)  # batch, old for_capture, old levels, fixed for_capture, fixed levels
@@ -251,7 +241,8 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
         ax.axhline(y - 0.5, color="white", lw=2)
     ax.set_yticks(range(len(rows)), [f"{r.num_tokens} token{'s' if r.num_tokens > 1 else ''}" for r in rows])
     ax.set_ylabel("capture size")
-    labels = ["dummy batch", "before #49364", *map(_level_label, levels), "after #49364", *map(_level_label, levels)]
+    names = [_LEVEL_LABELS.get(level.name, level.name) for level in levels]
+    labels = ["dummy batch", "before #49364", *names, "after #49364", *names]
     ax.set_xticks(range(columns), labels, fontsize=7.5)
     ax.xaxis.tick_top()
     ax.tick_params(length=0)
@@ -267,8 +258,7 @@ def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Fig
 
 
 def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
-    """Left: each decode step's logit difference from eager; right: each cache's after the last step. One
-    log scale with the tolerance marked, so rounding stays small beside a divergence; legacy red, fixed blue."""
+    """Each decode step's logit difference from eager, and each cache's after the last, on one log scale."""
     fig = Figure(figsize=(11, 3.6), dpi=DPI)
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale
@@ -284,10 +274,8 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
         values = np.maximum([result.state_diffs.get(n, 0.0) for n in names], floor)
         state_ax.barh(np.arange(len(names)) + i * height, values - base, left=base, height=height, color=color)
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
-    steps_ax.set_ylim(floor / 2, ceiling)
-    steps_ax.set_xlabel("decode step")
+    steps_ax.set(ylim=(floor / 2, ceiling), xlabel="decode step", ylabel="max |replay - eager| (logits)")
     steps_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 2.5
-    steps_ax.set_ylabel("max |replay - eager| (logits)")
     # Above the panels, not over the lines: the right panel uses the same colours.
     steps_ax.legend(
         fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, borderaxespad=0.2

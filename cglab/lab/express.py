@@ -1,5 +1,4 @@
-"""The express path's picture (notebook 00b): the ops a compiled piece recorded at capture with metadata
-(the fix) beside those it recorded without (the old path), the missing ones marked."""
+"""The express path's picture (notebook 00b): the ops a compiled piece recorded with metadata and without."""
 
 from __future__ import annotations
 
@@ -25,14 +24,10 @@ def _short(func: object) -> str:
 
 
 def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
-    """The ops compiled piece ``piece`` recorded for the first PIECEWISE descriptor, in order, as short aten
-    names. Only the simulator keeps them: a CUDA graph keeps kernels, not names."""
+    """The ops compiled piece ``piece`` recorded for the first PIECEWISE descriptor, as short aten names."""
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers or not runner.graph_replays():
-        raise ConfigError(
-            "recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
-            "ModelRunner(config, 'piecewise') (compiled, the default)"
-        )
+        raise ConfigError("recorded_ops needs compiled PIECEWISE graphs: build ModelRunner(config, 'piecewise')")
     desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
     wrapper = compiled.wrappers.get(piece)
     if wrapper is None:
@@ -42,10 +37,7 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
     ops = []
     for step in wrapper.entries[desc].graph.steps:
         if not isinstance(step, SimSegment):
-            raise ConfigError(
-                "only the simulator keeps the ops a graph recorded; build the runner with "
-                "device='cpu' (a CUDA graph keeps its kernels, not their names)"
-            )
+            raise ConfigError("only the simulator keeps the ops a graph recorded: build the runner with device='cpu'")
         ops += [_short(record[1]) for record in step._records or ()]
     return ops
 
@@ -90,8 +82,7 @@ def draw_recordings(
     labels: tuple[str, str] = ("with metadata (fixed)", "without metadata (legacy)"),
     note: str = "",
 ) -> Figure:
-    """Two columns of boxes, one per op, aligned by ``compare_recordings``: ops both recordings have in blue,
-    ops only one has in red (an empty, hatched box opposite)."""
+    """``compare_recordings`` as two columns of boxes, one per op: ops only one recording has in red."""
     rows = compare_recordings(first, second)
     fig, ax = new_figure(7, 0.24 * len(rows) + 1.3)
     for y, row in enumerate(rows):
@@ -103,8 +94,7 @@ def draw_recordings(
             ax.text(x + 0.5, -y, label, ha="center", va="center", fontsize=7, color=ink, bbox=box)
     for x, (label, ops) in enumerate(zip(labels, (first, second))):
         ax.text(x + 0.5, 0.8, f"{label}: {len(ops)} ops", ha="center", va="bottom", fontsize=9, weight="bold")
-    ax.set_xlim(0, 2)
-    ax.set_ylim(-len(rows) + 0.4, 1.6)
+    ax.set(xlim=(0, 2), ylim=(-len(rows) + 0.4, 1.6))
     ax.axis("off")
     title = f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else "")
     ax.set_title(title, fontsize=10)

@@ -1,5 +1,4 @@
-"""Figures of benchmark results and speculative decoding runs, one question per Axes. Titles name the
-device (the simulator's say: semantics, not GPU speed); legends sit below the axes, clear of curves."""
+"""Figures of benchmark results and speculative decoding runs, one question per Axes."""
 
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ _FLOOR_MODES = ("full", "compiled_full")  # one launch a step: what is left abov
 _ROW_TOP_PT, _ROW_STEP_PT = 4, 10  # the kernel floor's label rows: below the top edge, apart (7 pt text)
 # The share of the axes height kept free of data per label row: enough for the rows on axes 1.5 inches tall.
 _ROW_BAND = 0.15
+_LEGEND_BELOW = {"loc": "upper center", "bbox_to_anchor": (0.5, 0), "ncol": 2, "fontsize": 8, "frameon": False}
 
 
 def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -69,8 +69,7 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
-    """FULL (and compiled FULL) replay latency against its kernel floor (the summed kernel time: launching for
-    free), and the roofline below both (the weights read once at the memory's bandwidth)."""
+    """FULL (and compiled FULL) replay latency against its kernel floor (launching for free), and the roofline."""
     ax = _axes(ax)
     title = "One-launch replays against the kernel floor"
     modes = [m for m in _FLOOR_MODES if m in result.modes]
@@ -102,8 +101,7 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
 
 
 def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | None = None) -> Axes:
-    """One bar per mode at one batch size (default: the smallest), labelled with its launches and kernels
-    per step; the kernel floor of each bar and the roofline as lines."""
+    """One bar per mode at one batch size (default: the smallest), with its launches, kernels and floor."""
     from cglab.bench.report import ladder
 
     ax = _axes(ax)
@@ -132,8 +130,7 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
 
 
 def plot_kernel_sets(before: BenchResult, after: BenchResult, batch_size: int | None = None) -> Figure:
-    """The ladder of two runs side by side on one latency scale, each titled with its kernel set: what one
-    fused kernel per attention-like op changes in launches, kernels, floor and distance to the roofline."""
+    """The ladders of two runs side by side on one latency scale, each titled with its kernel set."""
     from cglab.bench.report import KERNEL_SET_LABELS, kernel_set
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
@@ -194,8 +191,7 @@ _SPARE_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink
 
 
 def path_colors(results: Iterable[ReproResult]) -> list[str]:
-    """One colour per run, the same in every picture of the suite: legacy capture red, fixed capture
-    blue; a second run of one kind takes the next unused colour, never a duplicate."""
+    """One colour per run: legacy capture red, fixed capture blue, a second run of a kind the next spare."""
     colors: list[str] = []
     for result in results:
         color = _PATH_COLORS[bool(result.legacy_skip_attn)]
@@ -206,8 +202,7 @@ def path_colors(results: Iterable[ReproResult]) -> list[str]:
 
 
 def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = None) -> Axes:
-    """Tokens a request gains per speculative step, per run, against the eager reference and the bounds
-    1 and ``K + 1``; a count, so the same on the simulator and a GPU."""
+    """Tokens a request gains per speculative step, per run, against the eager reference and 1 and ``K + 1``."""
     if not results or any(not r.tokens_per_step for r in results.values()):
         raise ConfigError("plot_tokens_per_step needs speculative decoding results: run_spec_repro(...) for each run")
     ks = {r.num_speculative_tokens for r in results.values()}
@@ -228,8 +223,7 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
         xy = (len(reference), bound)
         ax.annotate(text, xy, textcoords="offset points", xytext=(0, 3), ha="right", fontsize=7, color="gray")
     ax.set_ylim(0, k + 1.6)
-    ax.set_xlabel("speculative step")
-    ax.set_ylabel("tokens per request per step (mean over the batch)")
+    ax.set(xlabel="speculative step", ylabel="tokens per request per step (mean over the batch)")
     ax.set_title(f"Tokens per step, {k} speculative tokens, greedy verification", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
@@ -256,28 +250,18 @@ def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int], legend_t
 
 
 def _legend_below(ax: Axes, title: str | None) -> None:
-    """The legend under the x-axis label, where it covers no curve; constrained layout makes room. The drop is
-    counted in points from the tick and label fonts, so it clears them at any axes size."""
+    """The legend under the x-axis label, where it covers no curve; constrained layout makes room."""
+    # The drop is counted in points from the tick and label fonts, so it clears them at any axes size.
     rc = plt.rcParams
     fonts = sum(FontProperties(size=rc[key]).get_size_in_points() for key in ("xtick.labelsize", "axes.labelsize"))
     # The ticks, their labels, the axis label, and a gap.
     drop = rc["xtick.major.size"] + rc["xtick.major.pad"] + rc["axes.labelpad"] + 1.2 * fonts + 4
     below = ax.transAxes + ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
-    ax.legend(
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0),
-        bbox_transform=below,
-        ncol=2,
-        fontsize=8,
-        frameon=False,
-        title=title,
-        title_fontsize=8,
-        alignment="left",
-    )
+    ax.legend(bbox_transform=below, title=title, title_fontsize=8, alignment="left", **_LEGEND_BELOW)
 
 
 def _on_device(what: str, result: BenchResult, sep: str = "\n") -> str:
-    """``what``, the device's name and, on the simulator, that its times say nothing of a GPU's."""
+    """``what``, the device's name and, on the simulator, that its times say nothing of a GPU's: every title."""
     return f"{what}{sep}{result.device_name}" + (f"\n{SIM_LABEL}" if result.backend == "sim" else "")
 
 
@@ -298,8 +282,7 @@ def _median_band(ax: Axes, result: BenchResult, mode: str, label: str) -> tuple[
 
 def _missing(ax: Axes, result: BenchResult, what: str, why: str) -> Axes:
     ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", color="gray")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     return _title(ax, result, what)
 
 

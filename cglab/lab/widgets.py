@@ -1,5 +1,4 @@
-"""The notebooks' explorers (caches as decode goes on, the bug's divergence from eager, replay latency): pure
-functions of their controls returning a figure, and ``interactive_*`` wrappers with controls over them."""
+"""The notebooks' explorers: pure functions of their controls returning a figure; ``interactive_*`` wrap them."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ _GRAPH_SWITCHES = ("flavor", "legacy", "strict")
 def decode_scenario(
     runner: ModelRunner, steps: int, prompt_lengths: Sequence[int] = PROMPT_LENGTHS
 ) -> list[torch.Tensor]:
-    """Each decode step's logits after an eager prefill of one request per prompt length (eager, so every
-    runner starts from identical caches)."""
+    """Each decode step's logits after an eager prefill (identical caches in every runner), one per request."""
     vocab = runner.config.vocab_size
     for i, length in enumerate(prompt_lengths):
         runner.add_request(f"req{i}")
@@ -86,8 +84,7 @@ def verdict(result: ReproResult) -> str:
 
 
 def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
-    """``"PIECEWISE compiled legacy"``: a repro case as the explorers and tables name it; the flavor only
-    where a PIECEWISE graph is captured (FULL-only and eager cases do not depend on it)."""
+    """``"PIECEWISE compiled legacy"``: a repro case's name; the flavor only where PIECEWISE graphs are captured."""
     cg_mode = CUDAGraphMode.parse(mode)
     named = f" {parse_piecewise_flavor(flavor)}" if CUDAGraphMode.PIECEWISE in cg_mode.runtime_modes() else ""
     return f"{cg_mode.name}{named} {'legacy' if legacy else 'fixed'}"
@@ -122,11 +119,8 @@ def divergence_runs(
     device: str = "cpu",
     steps: int | None = None,
 ) -> dict[str, ReproResult]:
-    """The explorer's runs for one choice of controls, by label: the chosen case and, when it is the legacy path,
-    the fixed path beside it; where the mode turns the flavor, legacy and strict switches off
-    (``divergence_control_state``), its one run, labelled by the mode alone. ``chunked_prefill``: prompts
-    enter ``PREFILL_CHUNK`` tokens a step beside the decodes (``CHUNKED_STEPS`` steps) instead of being
-    prefilled first (plain decode, ``DECODE_STEPS`` steps); ``steps`` overrides the count."""
+    """The explorer's runs by label: the chosen case and, for the legacy path, the fixed one beside it (one run,
+    named by its mode, where ``divergence_control_state`` turns the switches off)."""
     if steps is None:
         steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
     chunk = PREFILL_CHUNK if chunked_prefill else 0
@@ -153,8 +147,7 @@ def divergence_explorer(*controls: Any, **options: Any) -> Figure:
 
 
 def divergence_notes(*controls: Any, **options: Any) -> list[str]:
-    """One line per run of ``divergence_runs(*controls, **options)``: how its steps ran (``"steps by mode:
-    PIECEWISE 17, eager 2, FULL 1"``), or, where capture raised, that nothing was replayed."""
+    """One line per run of ``divergence_runs(*controls, **options)``: how its steps ran, or that capture failed."""
     lines = []
     for label, result in divergence_runs(*controls, **options).items():
         if result.error:
@@ -166,8 +159,7 @@ def divergence_notes(*controls: Any, **options: Any) -> list[str]:
 
 
 def divergence_control_state(values: dict[str, Any]) -> ControlState:
-    """The explorer's switches that change nothing in ``values["mode"]`` (the flavor, legacy and strict act only
-    where PIECEWISE graphs are captured), and why."""
+    """The switches that change nothing in ``values["mode"]`` (they act on PIECEWISE graphs only), and why."""
     mode = CUDAGraphMode.parse(values["mode"])
     if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
         return (), "FULL_AND_PIECEWISE: decode steps replay FULL graphs, mixed batches (chunked prefill) PIECEWISE ones"
@@ -201,9 +193,8 @@ def verdict_table(
     steps: int = 16,
     **repro_options: Any,
 ) -> str:
-    """One row per case (``(mode, legacy)`` or ``(mode, legacy, flavor)``), one column per layer mix, each cell
-    ``ok``, ``DIVERGED`` or ``FAILED`` (capture raised). Long mixes wrap, to stay within the 107 characters a
-    notebook's output area holds beside JupyterLab's file browser."""
+    """One row per case (``(mode, legacy[, flavor])``), one column per layer mix: ``ok``, ``DIVERGED``, ``FAILED``."""
+    # Long mixes wrap, to keep within the 107 characters of a notebook's output beside JupyterLab's files.
     full_cases = [(*case, "compiled")[:3] for case in cases]
     labels = [case_label(*case) for case in full_cases]
     headers = [_wrap_mix(layers) for layers in layer_mixes]
@@ -224,8 +215,7 @@ def verdict_table(
 
 
 def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
-    """``divergence_explorer`` behind its controls; the plot redraws, one line per run under it. Switches
-    that change nothing in the chosen mode are disabled, and a line under the controls says why."""
+    """``divergence_explorer`` behind its controls; switches that change nothing in the mode are disabled."""
     import ipywidgets as widgets
 
     controls = {
@@ -247,14 +237,13 @@ def interactive_divergence_explorer(*, device: str = "cpu") -> Any:
 def latency_explorer(
     result: BenchResult, modes: Sequence[str] | None = None, batch_sizes: Sequence[int] | None = None
 ) -> Figure:
-    """Replay latency against batch size for the chosen modes and batch sizes (None: all); an empty choice draws
-    a line asking for one, in frameless axes (IPython shows a figure with no axes as text only)."""
+    """Replay latency against batch size for the chosen modes and batch sizes (None: all)."""
     from cglab.lab.plots import plot_latency
 
     missing = [
         what for what, chosen in (("mode", modes), ("batch size", batch_sizes)) if chosen is not None and not chosen
     ]
-    if missing:
+    if missing:  # a line asking for one, in frameless axes: IPython shows a figure with no axes as text only
         fig = Figure(figsize=(7, 0.4), dpi=DPI)
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_axis_off()
@@ -271,8 +260,7 @@ def latency_explorer(
 
 
 def interactive_latency_explorer(result: BenchResult) -> Any:
-    """Pick the modes and batch sizes to compare; the latency plot redraws. A line above the lists says how
-    to pick several (a plain click keeps one)."""
+    """Pick the modes and batch sizes to compare; a line above the lists says how to pick several."""
     import ipywidgets as widgets
 
     options = {"modes": result.modes, "batch_sizes": sorted({r["batch_size"] for r in result.rows})}
