@@ -2,7 +2,7 @@
 
 from cglab import ModelRunner, ToyConfig
 from cglab.compilation_config import CompilationConfig
-from cglab.lab.draw import BatchShape, describe_dispatch, dispatch_cell
+from cglab.lab.describe import BatchShape, describe_dispatch, dispatch_cell
 
 SIZES, MAX_REQS = (1, 2, 4, 8), 6
 
@@ -62,7 +62,7 @@ def test_shapes_are_classified_as_the_runner_classifies_them():
 def test_spec_decode_sizes_of_both_model_runners():
     """v1 rounds every size under a policy that decodes in FULL; v2 keeps PIECEWISE at the sizes given."""
     from cglab.config import CUDAGraphMode
-    from cglab.lab.draw import describe_spec_decode_sizes
+    from cglab.lab.describe import describe_spec_decode_sizes
 
     assert describe_spec_decode_sizes((1, 2, 4, 8), 2, 3).splitlines()[1:] == [
         "model runner v1: PIECEWISE 3, 6 | FULL 3, 6",

@@ -26,7 +26,7 @@ from cglab.compilation_config import CompilationConfig
 from cglab.config import resolve_cudagraph_mode, resolve_splitting_ops, splitting_ops_contain_attention
 from cglab.cudagraph_support import can_build_metadata
 from cglab.forward_context import set_forward_context
-from cglab.lab.draw_support import capture_support, draw_capture_support
+from cglab.lab.draw import capture_support, draw_capture_support
 from cglab.layers.linear_attn import LinearAttention, _linear_attention
 from cglab.metadata import (
     CommonAttentionMetadata,

@@ -361,13 +361,13 @@ def test_a_graph_runner_that_produces_nan_or_inf_diverged(
 
 
 def test_the_notebooks_verdicts_call_nan_a_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cglab.lab import divergence
+    from cglab.lab import widgets
 
     poisoned = _result(max_abs_diff=None, state_diverged=None, step_diffs=[0.0, NAN])
     compare_final_state(poisoned, _Caches(kv=torch.zeros(2)), _Caches(kv=torch.zeros(2)))
-    assert divergence.verdict(poisoned) == f"DIVERGED from eager ({NON_FINITE})"
-    monkeypatch.setattr(divergence, "cached_repro", lambda *args, **options: poisoned)
-    assert divergence.verdict_table(["attn"], [("piecewise", False)]).splitlines()[-1].split() == [
+    assert widgets.verdict(poisoned) == f"DIVERGED from eager ({NON_FINITE})"
+    monkeypatch.setattr(widgets, "cached_repro", lambda *args, **options: poisoned)
+    assert widgets.verdict_table(["attn"], [("piecewise", False)]).splitlines()[-1].split() == [
         "PIECEWISE",
         "compiled",
         "fixed",

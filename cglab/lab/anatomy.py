@@ -1,5 +1,4 @@
-"""The anatomy of a captured step: the pieces a graph is made of (``graph_pieces``, ``describe_pieces``,
-``describe_replays``), and the Python that runs when it replays (``trace_replay``)."""
+"""The anatomy of a captured step: the pieces its graph is made of, and the Python that runs at replay."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-from torch import nn
 
 from cglab.batch import BatchExecutionDescriptor
 from cglab.compilation import CompiledModel, CUDAGraphWrapper
@@ -23,8 +21,6 @@ from cglab.errors import ConfigError
 from cglab.forward_context import get_forward_context
 from cglab.graphs import CapturedGraph, EagerStep, GraphSegment
 from cglab.runner import ModelRunner
-
-__all__ = ["Piece", "describe_pieces", "describe_replays", "graph_pieces", "steps_as_pieces", "trace_replay"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +43,7 @@ def _op_of_impl() -> dict[CodeType, str]:
 
 
 def _eager_op(step: EagerStep) -> str:
-    """The op an eager step runs: a breakable capture keeps its Python body, a compiled forward's
-    splitting-op step its name (``"cglab::unified_attention (submod_1)"``)."""
+    """The op an eager step runs: from its Python body (breakable) or its name (``"cglab::op (submod_1)"``)."""
     code = getattr(inspect.unwrap(step.fn), "__code__", None)
     return _op_of_impl().get(code) or step.name.split(" (")[0]
 
@@ -74,20 +69,17 @@ def steps_as_pieces(graph: CapturedGraph) -> list[Piece]:
     """A plain capture's steps, in order: its segments (graphs) and eager steps."""
     pieces: list[Piece] = []
     for step in graph.steps:
-        pieces.append(
-            Piece("eager step", True, op=_eager_op(step))
-            if isinstance(step, EagerStep)
-            else Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops)
-        )
+        if isinstance(step, EagerStep):
+            pieces.append(Piece("eager step", True, op=_eager_op(step)))
+        else:
+            pieces.append(Piece(f"segment {sum(not p.eager for p in pieces)}", False, step.num_ops))
     return pieces
 
 
 def _descriptor(runner: ModelRunner, desc: BatchExecutionDescriptor | None) -> BatchExecutionDescriptor:
     captured = runner.graph_replays()
     if not captured:
-        raise ConfigError(
-            "this runner captured no graphs (mode 'none', or closed); build one with a graph mode such as 'piecewise'"
-        )
+        raise ConfigError("this runner captured no graphs; build one with a graph mode such as 'piecewise'")
     if desc is None:
         return next(iter(captured))  # the first one captured: the largest of the first mode
     if desc not in captured:
@@ -96,9 +88,10 @@ def _descriptor(runner: ModelRunner, desc: BatchExecutionDescriptor | None) -> B
 
 
 def graph_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = None) -> list[Piece]:
-    """What the graph of ``desc`` (default: the first captured) runs at replay, in order: compiled PIECEWISE,
-    one ``Piece`` per submodule of the split graph; breakable PIECEWISE and FULL, the one capture's steps."""
+    """What the graph of ``desc`` (default: the first captured) runs at replay, in order."""
     desc, compiled = _descriptor(runner, desc), runner.compiled_backend
+    # Compiled PIECEWISE: one piece per submodule of the split graph. Breakable PIECEWISE and FULL: the steps
+    # of their one capture.
     if desc.cg_mode is CUDAGraphMode.FULL or compiled is None:  # one capture: FULL, or the breakable wrapper's
         return steps_as_pieces(runner.captured_graphs(desc)[0])
     pieces = []
@@ -120,14 +113,12 @@ def _flavor(runner: ModelRunner, desc: BatchExecutionDescriptor) -> str:
     return f"compiled, split at {', '.join(runner.splitting_ops)}"
 
 
-def _where(runner: ModelRunner) -> str:
-    """Where a runner's graphs run, for output that differs by backend: ``simulator``, ``cuda``, ``eager``."""
+def _where(runner: ModelRunner) -> str:  # for output that differs by backend: simulator, cuda, eager
     return "simulator" if runner.backend_name == "sim" else runner.backend_name
 
 
 def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None = None) -> str:
-    """``graph_pieces`` as text: graphs with their op counts, eager steps with their op; compiled pieces
-    with the modules they cover and the custom ops inside them."""
+    """``graph_pieces`` as text, one line per piece."""
     desc = _descriptor(runner, desc)
     pieces = graph_pieces(runner, desc)
     graphs = [p for p in pieces if not p.eager]
@@ -151,10 +142,7 @@ def describe_replays(runner: ModelRunner) -> str:
     runner.check_open()
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers:
-        raise ConfigError(
-            "no compiled PIECEWISE pieces here: build the runner with a policy that captures "
-            "PIECEWISE graphs, compiled (CompilationConfig(use_breakable_cg=False), the default)"
-        )
+        raise ConfigError("no compiled PIECEWISE pieces: build one in a PIECEWISE mode with use_breakable_cg=False")
     descs = list(next(iter(compiled.wrappers.values())).entries)
     headers = [f"tokens={d.num_tokens}" for d in descs]
     width = max(len(name) for name in compiled.wrappers)
@@ -169,69 +157,65 @@ def describe_replays(runner: ModelRunner) -> str:
 
 
 class _ReplayTracer:
-    """A profile hook noting, as an indented tree, the calls that matter from ``ModelRunner.execute`` on (the
-    step's preparation runs in every mode); calls it has no label for are left out, their callees are not."""
+    """A profile hook noting, as an indented tree, the calls it has a label for from ``ModelRunner.execute`` on."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.where, self.compiled, self.kernels = _where(runner), runner.compiled_backend, _op_of_impl()
-        self.module_names = {id(m): name for name, m in runner.model.named_modules()}
+        self.where, self.kernels = _where(runner), _op_of_impl()
+        # The label of each module whose forward runs Python worth listing: the model's, the compiler's.
+        self.forwards = {
+            id(m): f"{type(m).__name__}.forward" + (f" ({name})" if name else "")
+            for name, m in runner.model.named_modules()
+        }
+        if (compiled := runner.compiled_backend) is not None:
+            split = "split graph forward (Python generated by the compiler): calls the submodules in order"
+            self.forwards[id(compiled.split_gm)] = split
+            for item in compiled.items:
+                what = "a splitting op" if item.is_splitting_graph else "a piece, run eagerly"
+                self.forwards[id(item.graph)] = f"{item.submod_name}.forward (generated Python of {what})"
         self.lines: list[str] = []
         self.stack: list[tuple[FrameType, bool]] = []  # frames entered since execute; True if listed
-        self.done = False
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if self.done or (not self.stack and frame.f_code is not ModelRunner.execute.__code__):
+        if not self.stack and frame.f_code is not ModelRunner.execute.__code__:
             return
         if event == "call":
-            label = self.label(frame)
+            label = self.label(frame.f_code, frame.f_locals)
             if label is not None:
                 self.lines.append("  " * sum(listed for _, listed in self.stack) + label)
             self.stack.append((frame, label is not None))
         elif event == "return" and self.stack[-1][0] is frame:
-            self.stack.pop()
-            self.done = not self.stack  # ModelRunner.execute returned
+            self.stack.pop()  # empty once ModelRunner.execute returned: later calls are not listed
 
-    def label(self, frame: FrameType) -> str | None:
-        code, this = frame.f_code, frame.f_locals.get("self")
+    def label(self, code: CodeType, local: dict[str, Any]) -> str | None:
+        this, name = local.get("self"), code.co_name
         if code is ModelRunner.execute.__code__:
-            return f"ModelRunner.execute: {frame.f_locals['prepared'].descriptor} ({self.where})"
+            return f"ModelRunner.execute: {local['prepared'].descriptor} ({self.where})"
         if code in self.kernels:
-            return f"{code.co_name}: the Python body of {self.kernels[code]}, run eagerly"
-        if code.co_name == "replay" and isinstance(this, GraphSegment):
-            return f"graph replay: {this.num_ops} ops, as recorded at capture"
-        if code.co_name == "run_fullgraph":
-            return "CudaGraphManager.run_fullgraph: replays the FULL graph, no forward context"
-        if code.co_name == "replay" and isinstance(this, CapturedGraph):  # under a wrapper: the wrapper says it
-            caller = next(f for f, listed in reversed(self.stack) if listed).f_locals.get("self")
-            if not isinstance(caller, CUDAGraphWrapper):
-                return "CapturedGraph.replay: the recorded steps, in order"
-        if code.co_name == "replay" and isinstance(this, EagerStep):
-            return "EagerStep.replay"
-        if code.co_name == "forward" and isinstance(this, CUDAGraphWrapper):
-            mode = get_forward_context().cg_mode
-            what = (
-                "replays its graph for this descriptor"
-                if mode is this.runtime_mode
-                else (f"mode {mode.name} is not its own, so it runs the piece")
-            )
-            return f"CUDAGraphWrapper({this.name}): {what}"
-        if code.co_name == "forward" and isinstance(this, torch.fx.GraphModule) and self.compiled is not None:
-            if this is self.compiled.split_gm:
-                return "split graph forward (Python generated by the compiler): calls the submodules in order"
-            item = next((i for i in self.compiled.items if i.graph is this), None)
-            what = "a splitting op" if item and item.is_splitting_graph else "a piece, run eagerly"
-            return None if item is None else f"{item.submod_name}.forward (generated Python of {what})"
+            return f"{name}: the Python body of {self.kernels[code]}, run eagerly"
         if code is CompiledModel.__call__.__code__:
             return "CompiledModel: calls the compiled graph directly (dynamo traced the model once, at start-up)"
-        if code.co_name == "forward" and isinstance(this, nn.Module) and id(this) in self.module_names:
-            name = self.module_names[id(this)]
-            return f"{type(this).__name__}.forward" + (f" ({name})" if name else "")
-        return None
+        if name == "run_fullgraph":
+            return "CudaGraphManager.run_fullgraph: replays the FULL graph, no forward context"
+        if name == "replay" and isinstance(this, GraphSegment):
+            return f"graph replay: {this.num_ops} ops, as recorded at capture"
+        if name == "replay" and isinstance(this, EagerStep):
+            return "EagerStep.replay"
+        if name == "replay" and isinstance(this, CapturedGraph):  # under a wrapper: the wrapper says it
+            caller = next(f for f, listed in reversed(self.stack) if listed).f_locals.get("self")
+            return (
+                None if isinstance(caller, CUDAGraphWrapper) else "CapturedGraph.replay: the recorded steps, in order"
+            )
+        if name == "forward" and isinstance(this, CUDAGraphWrapper):
+            mode = get_forward_context().cg_mode
+            what = "replays its graph for this descriptor"
+            if mode is not this.runtime_mode:
+                what = f"mode {mode.name} is not its own, so it runs the piece"
+            return f"CUDAGraphWrapper({this.name}): {what}"
+        return self.forwards.get(id(this)) if name == "forward" else None
 
 
 def trace_replay(runner: ModelRunner, scheduled: Mapping[str, Sequence[int]], eager: bool = False) -> str:
-    """Run ``runner.step(scheduled, eager)`` and list, nested as called, the Python that runs as it executes
-    (graph machinery, generated code, model modules, op bodies); the step's preparation is left out."""
+    """Run ``runner.step(scheduled, eager)`` and list, nested as called, the Python its execution runs."""
     tracer = _ReplayTracer(runner)
     previous: Callable[..., Any] | None = sys.getprofile()
     sys.setprofile(tracer)

@@ -1,15 +1,13 @@
-"""Pictures of the toy engine: paged caches, captured graphs, dispatch, divergence from eager. Figures are not
-pyplot's (a notebook shows each once, a test needs no display); text pictures are strings."""
+"""Pictures of the toy engine: paged caches, captured graphs, padding, capture support, divergence from eager."""
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import matplotlib
 import numpy as np
 import torch
+from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -17,93 +15,39 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
-from cglab import __version__
-from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, get_uniform_decode_token_count
-from cglab.compilation.backends import auto_compiler
-from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int, check_sizes
-from cglab.errors import ConfigError
-from cglab.graphs import CapturedGraph, get_backend
+from cglab.batch import CudagraphDispatcher
+from cglab.config import OP_OF_KIND, CUDAGraphMode, dummy_query_lens
+from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
+from cglab.graphs import CapturedGraph
 from cglab.lab.anatomy import Piece, steps_as_pieces
 from cglab.lab.plots import MODE_COLORS, path_colors
 from cglab.repro import ReproResult
-from cglab.runner import ModelRunner, PreparedStep
+from cglab.runner import ModelRunner
 
-__all__ = [
-    "MAX_PADDING_TOKENS",
-    "BatchShape",
-    "describe_dispatch",
-    "describe_environment",
-    "describe_requests",
-    "describe_spec_decode_sizes",
-    "describe_step",
-    "dispatch_cell",
-    "draw_caches",
-    "draw_divergence",
-    "draw_graph_anatomy",
-    "draw_padding",
-]
-
-MAX_PADDING_TOKENS = 10_000  # a padding picture's widest batch: wider only takes longer to draw
 DPI = 100  # fixed, so a figure's text form ("<Figure size 900x300 with 1 Axes>") is the same everywhere
 _FREE, _RESERVED = (1.0, 1.0, 1.0), (0.9, 0.9, 0.9)  # reserved: in a request's block, not reached yet
-_MISSING = (0.85, 0.1, 0.1)  # the request reached this slot, yet the cache row was never written
+_MISSING = (0.85, 0.1, 0.1)  # red, what goes wrong: the request reached this slot, yet the row was never written
+_CAN = to_rgb("#59a14f")  # the first request's green: a builder that can build the metadata
 # A step's pieces in the colours of the modes they run like (never a capture path's red or blue): an eager
 # step runs as mode NONE does, a graph replays what it recorded as a FULL graph does.
 _EAGER, _SEGMENT = MODE_COLORS["none"], MODE_COLORS["full"]
 _PALETTE = ("#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#bab0ac", "#4e79a7", "#ff9da7")  # requests
 _MARKER_RISE_PT, _MARKER_PT = 7, 7  # a ▼ sits this far above the caches, this tall: clear of its title
+_FOR_CAPTURE = (True, False)  # breakable PIECEWISE before and after vLLM PR #49364
+_LEVEL_LABELS = {"UNIFORM_SINGLE_TOKEN_DECODE": "UNIFORM_SINGLE_\nTOKEN_DECODE", "UNIFORM_BATCH": "UNIFORM_\nBATCH"}
 
 
-def expect(value: object, kind: type, what: str) -> None:
-    """A toolkit argument of the wrong kind gets one ConfigError saying what to pass instead."""
-    if not isinstance(value, kind):
-        raise ConfigError(f"{what}; got {type(value).__name__}")
+def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
+    """A figure of one Axes at the suite's fixed DPI."""
+    # Not pyplot's: a notebook shows each figure once, and a test needs no display.
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    return fig, fig.add_subplot()
 
 
-def describe_environment(device: str = "cpu") -> str:
-    """Versions and the graph backend a notebook runs on, one per line."""
-    backend = get_backend("auto", device)
-    cuda = torch.version.cuda or "none (CPU build)"
-    try:  # a plain PyTorch install (a GPU box's, say) may lack it; only the widget cells need it
-        import ipywidgets
-
-        widgets = ipywidgets.__version__
-    except ImportError:
-        widgets = "not installed (widgets off)"
-    return (
-        f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
-        f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
-        f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
-        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}"
-    )
-
-
-def describe_requests(runner: ModelRunner) -> str:
-    """One line per request: tokens stored, the blocks it owns (its block-table row) and their slots."""
-    bs = runner.config.block_size
-    return "\n".join(
-        f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks "
-        + ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
-        for r in runner.requests.values()
-    )
-
-
-def describe_step(prepared: PreparedStep) -> str:
-    """What a prepared step wrote into the persistent buffers, padding included."""
-    expect(
-        prepared,
-        PreparedStep,
-        "describe_step takes what ModelRunner.prepare_step returns, e.g. "
-        "describe_step(runner.prepare_step({'req0': [1]}))",
-    )
-    batch, desc = prepared.input_batch, prepared.descriptor
-    slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
-    return (
-        f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)\n"
-        f"  query_start_loc {batch.query_start_loc.tolist()}\n"
-        f"  seq_lens        {batch.seq_lens.tolist()}\n"
-        f"  slot_mapping    {slot_mapping.tolist()}"
-    )
+def patch_legend(ax: Axes, colors: Mapping[str, object], loc: str, anchor: tuple[float, float]) -> None:
+    """A frameless legend in two columns, one coloured patch per label, placed outside the data."""
+    handles = [Patch(color=color, label=label) for label, color in colors.items()]
+    ax.legend(handles=handles, loc=loc, bbox_to_anchor=anchor, ncol=2, fontsize="small", frameon=False)
 
 
 def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) -> np.ndarray:
@@ -119,17 +63,7 @@ def _rows_written(name: str, cache: torch.Tensor, num_slots: int, ratio: int) ->
 
 
 def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title: str = "") -> Figure:
-    """Every cache as a row of slots coloured by owning request; red: reached but never written (the
-    bug's signature); grey: reserved. ``highlight_slots`` get a ▼ above the rows."""
-    expect(runner, ModelRunner, "draw_caches takes the ModelRunner whose caches to draw")
-    if (
-        isinstance(highlight_slots, (str, bytes))
-        or not isinstance(highlight_slots, Sequence)
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in highlight_slots)
-    ):
-        raise ConfigError(
-            f"highlight_slots must be a list of slot numbers, e.g. last_written_slots(runner), got {highlight_slots!r}"
-        )
+    """Every cache as a row of slots coloured by owning request (red: reached, never written); ▼ marks slots."""
     bs, ratio = runner.config.block_size, runner.config.compress_ratio
     requests = list(runner.requests.values())
     used_blocks = max((b for r in requests for b in r.block_ids), default=0) + 1
@@ -151,8 +85,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
         expected = (group_done if name.endswith("compressed_cache") else stored)[:, None]
         image[row] = np.where(shown, by_owner[owner], np.where(expected, _MISSING, _RESERVED))
 
-    fig = Figure(figsize=(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8), dpi=DPI)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8)
     ax.imshow(image, aspect="auto", interpolation="nearest")
     for x in range(0, num_slots + 1, bs):
         ax.axvline(x - 0.5, color="black", lw=0.8)
@@ -174,41 +107,22 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
         Patch(fc=_FREE, ec="black", label="free"),
     ]
     if marked:
-        legend.append(
-            Line2D(
-                [],
-                [],
-                ls="none",
-                marker="v",
-                color="black",
-                ms=_MARKER_PT,
-                label="slot the last step wrote\n(its slot mapping)",
-            )
-        )
+        label = "slot the last step wrote\n(its slot mapping)"
+        legend.append(Line2D([], [], ls="none", marker="v", color="black", ms=_MARKER_PT, label=label))
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     ax.set_title(title or "paged caches (triangles: the slots this step writes)", pad=_MARKER_RISE_PT + _MARKER_PT + 4)
     fig.tight_layout()
     return fig
 
 
-# ------------------------------------------------------------ what a captured forward is made of
-
-
 def _short_op(op: str) -> str:
     """``"cglab::unified_attention"`` -> ``"attn"``: the layer kind whose kernel the op is."""
-    kinds = {name: kind for kind, name in OP_OF_KIND.items()}
-    return kinds.get(op, op.split("::")[-1].lstrip("_"))
+    return {name: kind for kind, name in OP_OF_KIND.items()}.get(op, op.split("::")[-1].lstrip("_"))
 
 
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:
     """Each graph (or its ``graph_pieces``) as its replay sequence: graphs (width = ops) and eager steps."""
-    if not isinstance(graphs, Mapping) or not graphs:
-        raise ConfigError(
-            "draw_graph_anatomy takes a dict {label: captured graph or its pieces} with at least one "
-            "graph, e.g. {str(d): graph_pieces(runner, d) for d in runner.graph_replays()}"
-        )
-    fig = Figure(figsize=(9, 0.9 * len(graphs) + 1.2), dpi=DPI)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(9, 0.9 * len(graphs) + 1.2)
     rows = [steps_as_pieces(g) if isinstance(g, CapturedGraph) else list(g) for g in graphs.values()]
     longest = max(sum(p.num_ops for p in pieces if not p.eager) for pieces in rows)
     eager_width = max(5.0, 0.05 * longest)  # wide enough for its label whatever the scale
@@ -218,24 +132,11 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
         for piece in pieces:
             empty = not piece.eager and not piece.num_ops  # a graph that recorded nothing: hatched white
             width = eager_width if piece.eager else max(piece.num_ops, 1)
-            ax.barh(
-                y,
-                width,
-                left=x,
-                height=height,
-                color=_EAGER if piece.eager else "white" if empty else _SEGMENT,
-                edgecolor="black",
-                hatch="//" if empty else "",
-            )
-            ax.text(
-                x + width / 2,
-                y,
-                _short_op(piece.op) if piece.eager else str(piece.num_ops),
-                ha="center",
-                va="center",
-                fontsize=7 if piece.eager else 8,
-                color="black" if empty else "white",
-            )
+            color = _EAGER if piece.eager else "white" if empty else _SEGMENT
+            ax.barh(y, width, left=x, height=height, color=color, edgecolor="black", hatch="//" if empty else "")
+            label, size = (_short_op(piece.op), 7) if piece.eager else (str(piece.num_ops), 8)
+            ink = "black" if empty else "white"
+            ax.text(x + width / 2, y, label, ha="center", va="center", fontsize=size, color=ink)
             if not piece.eager and piece.name.startswith("submod"):
                 ax.text(x + width / 2, y + height / 2 + 0.04, piece.name, ha="center", va="bottom", fontsize=7)
             x += width
@@ -248,133 +149,16 @@ def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) ->
         f"replay order, left to right, in ops: a graph's width and number are the ops it recorded,\n"
         f"an eager step is drawn {eager_width:.3g} ops wide"
     )
-    ax.legend(
-        handles=[
-            Patch(color=_SEGMENT, label="graph: replays what it recorded"),
-            Patch(color=_EAGER, label="eager step: its Python runs, reading live metadata"),
-        ],
-        loc="lower center",
-        bbox_to_anchor=(0.5, 1.0),
-        ncol=2,
-        fontsize="small",
-        frameon=False,
-    )
+    legend = {"graph: replays what it recorded": _SEGMENT, "eager step: its Python runs, reading live metadata": _EAGER}
+    patch_legend(ax, legend, "lower center", (0.5, 1.0))
     fig.tight_layout()
     return fig
 
 
-@dataclass(frozen=True)
-class BatchShape:
-    """A batch as the dispatcher sees it; ``by_shape``: the rule before vLLM PR #51865 (equal query lengths
-    are enough)."""
-
-    label: str
-    query_lens: tuple[int, ...]
-    prefilling: tuple[bool, ...] = ()  # per request; missing entries: decoding
-    by_shape: bool = False
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.query_lens)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
-
-    def uniform_token_count(self) -> int | None:
-        """What the runner passes to dispatch: the tokens per request of a uniform decode batch, else None."""
-        return get_uniform_decode_token_count(self.query_lens, not self.by_shape and any(self.prefilling))
-
-
-DISPATCH_POLICIES = (
-    CUDAGraphMode.FULL,
-    CUDAGraphMode.FULL_AND_PIECEWISE,
-    CUDAGraphMode.FULL_DECODE_ONLY,
-    CUDAGraphMode.PIECEWISE,
-)
-
-
-def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
-    """A descriptor as ``describe_dispatch`` prints it: ``FULL 4/4 u=1`` (mode, tokens/requests, uniform
-    token count), ``PIECEWISE 8`` (any number of requests), ``eager`` for NONE."""
-    if desc.cg_mode is CUDAGraphMode.NONE:
-        return "eager"
-    reqs = "" if desc.num_reqs is None else f"/{desc.num_reqs}"
-    uniform = "" if desc.uniform_token_count is None else f" u={desc.uniform_token_count}"
-    return f"{desc.cg_mode.name} {desc.num_tokens}{reqs}{uniform}"
-
-
-def describe_dispatch(
-    capture_sizes: Sequence[int],
-    max_num_reqs: int,
-    shapes: Sequence[BatchShape],
-    policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES,
-) -> str:
-    """A table: one row per batch shape, one column per policy, each cell the graph dispatch picks
-    (``dispatch_cell``); ``uniform`` is the batch's ``uniform_token_count`` (``-``: None). Short cells keep
-    it within the 107 characters a notebook's output area holds beside JupyterLab's file browser."""
-    dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
-    header = ["batch", "uniform", *(p.name for p in policies)]
-    rows = [header]
-    for shape in shapes:
-        uniform = shape.uniform_token_count()
-        descs = [d.dispatch(shape.num_reqs, shape.num_tokens, uniform) for d in dispatchers]
-        rows.append([shape.label, "-" if uniform is None else str(uniform), *map(dispatch_cell, descs)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [
-        f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
-        "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode",
-    ]
-    for i, row in enumerate(rows):
-        lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-        if i == 0:
-            lines.append("-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def describe_spec_decode_sizes(
-    capture_sizes: Sequence[int],
-    num_speculative_tokens: int,
-    max_num_reqs: int,
-    policy: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE,
-) -> str:
-    """The target's graphs under speculative decoding as vLLM's two model runners choose them, one line each.
-
-    v1 (``adjust_cudagraph_sizes_for_spec_decode``, when the policy decodes in FULL) rounds every capture
-    size up to a multiple of K + 1, drops those above the largest (K + 1 alone if none is left; none fits:
-    a start-up error) and captures every mode at the rest. v2 keeps the sizes for PIECEWISE and rounds only
-    the FULL uniform-decode graphs (``uniform_decode_sizes``), as ``cglab`` does."""
-    sizes = sorted(check_sizes("capture size", capture_sizes, distinct=True))
-    q = check_int("num_speculative_tokens", num_speculative_tokens) + 1
-    v1 = sizes
-    if policy.decode_mode() is CUDAGraphMode.FULL:
-        v1 = sorted({r for r in (-(-s // q) * q for s in sizes) if r <= sizes[-1]})
-        v1 = v1 or ([q] if q <= sizes[-1] else [])
-    lines = [f"capture sizes {tuple(sizes)}, K = {q - 1}, max_num_reqs = {max_num_reqs}, {policy.name}"]
-    for runner, ladder in (("v1", v1), ("v2", sizes)):
-        descs = CudagraphDispatcher(policy, ladder, check_int("max_num_reqs", max_num_reqs), q).capture_descriptors()
-        graphs = [
-            f"{m.name} {', '.join(str(d.num_tokens) for d in reversed(descs) if d.cg_mode is m)}"
-            for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
-            if any(d.cg_mode is m for d in descs)
-        ]
-        lines.append(f"model runner {runner}: {' | '.join(graphs) if ladder else 'start-up error, no size left'}")
-    return "\n".join(lines)
-
-
 def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
-    """The graph size each batch size runs in, and the padded rows it costs (eager past the last size),
-    for batches of 1 to ``max_tokens`` tokens (at most ``MAX_PADDING_TOKENS``)."""
-    expect(
-        dispatcher,
-        CudagraphDispatcher,
-        "draw_padding takes a CudagraphDispatcher, e.g. CudagraphDispatcher("
-        "CUDAGraphMode.PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)",
-    )
-    check_int("max_tokens (the largest batch drawn)", max_tokens, 1, MAX_PADDING_TOKENS)
+    """The graph size each batch of 1 to ``max_tokens`` tokens runs in, and the padded rows it costs."""
     tokens = np.arange(1, max_tokens + 1)
-    fig = Figure(figsize=(8, 3.4), dpi=DPI)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(8, 3.4)
     modes = [m for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) if m in dispatcher.policy.runtime_modes()]
     for mode, style in zip(modes, ("-", "--")):
         uniform = mode is CUDAGraphMode.FULL
@@ -384,22 +168,97 @@ def draw_padding(dispatcher: CudagraphDispatcher, max_tokens: int) -> Figure:
         ax.step(tokens, size, where="mid", ls=style, color=color, label=f"{mode.name} graph size")
         ax.fill_between(tokens, tokens, size, step="mid", color=color, alpha=0.15)
     ax.plot(tokens, tokens, color="black", lw=0.8, label="real tokens (no padding)")
-    ax.set_xlabel("tokens in the batch")
-    ax.set_ylabel("tokens the graph computes")
+    ax.set(xlabel="tokens in the batch", ylabel="tokens the graph computes")
     ax.set_title("padding to the next capture size (shaded: wasted rows; no line: runs eagerly)")
     ax.legend(frameon=False)
     fig.tight_layout()
     return fig
 
 
-def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
-    """Left: each decode step's logit difference from eager; right: each cache's after the last step. One
-    log scale with the tolerance marked, so rounding stays small beside a divergence; legacy red, fixed blue."""
-    if not isinstance(results, Mapping) or not results or not all(isinstance(r, ReproResult) for r in results.values()):
-        raise ConfigError(
-            "draw_divergence takes a dict {label: ReproResult} with at least one run, e.g. "
-            "{'legacy': run_repro(legacy_skip_attn=True), 'fixed': run_repro()}"
+@dataclass(frozen=True)
+class CaptureBatchSupport:
+    """One capture size: its dummy batch and, per support level, can a builder build its metadata?"""
+
+    # old: before vLLM PR #49364 (for_capture=True); fixed: after it.
+
+    num_tokens: int
+    query_lens: tuple[int, ...]
+    old: dict[AttentionCGSupport, bool]
+    fixed: dict[AttentionCGSupport, bool]
+
+    @property
+    def decode_shaped(self) -> bool:
+        return all(q == 1 for q in self.query_lens)
+
+    def describe_batch(self) -> str:
+        """``"8 reqs x 2 tokens"``, ``"2 x 1 + 2 x 2 tokens"`` (the dummy split: the longer requests last)."""
+        first, last, n = self.query_lens[0], self.query_lens[-1], len(self.query_lens)
+        if first == last:
+            return f"{n} req{'s' if n > 1 else ''} x {first} token{'s' if first > 1 else ''}"
+        longer = self.query_lens.count(last)
+        return f"{n - longer} x {first} + {longer} x {last} tokens"
+
+
+def capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> list[CaptureBatchSupport]:
+    """The rows of ``draw_capture_support``, smallest capture size first, by ``can_build_metadata``."""
+    rows = []
+    for size in sorted(set(capture_sizes)):
+        query_lens = tuple(dummy_query_lens(min(size, max_num_reqs), size))
+        shape = {"num_reqs": len(query_lens), "num_tokens": size, "max_query_len": max(query_lens)}
+        old, fixed = (
+            {s: can_build_metadata(s, **shape, for_capture=f) for s in AttentionCGSupport} for f in _FOR_CAPTURE
         )
+        rows.append(CaptureBatchSupport(size, query_lens, old, fixed))
+    return rows
+
+
+def draw_capture_support(max_num_reqs: int, capture_sizes: Sequence[int]) -> Figure:
+    """``capture_support`` as a grid: can a builder of each level build breakable PIECEWISE capture's metadata?"""
+    rows = capture_support(max_num_reqs, capture_sizes)
+    levels = list(AttentionCGSupport)
+    columns = 3 + 2 * len(levels)  # batch, old for_capture, old levels, fixed for_capture, fixed levels
+    image = np.ones((len(rows), columns, 3))
+    old_start, fixed_start = 2, 3 + len(levels)
+    fig, ax = new_figure(12.5, 0.5 * len(rows) + 2.6)
+    for y, row in enumerate(rows):
+        cells = [(0, f"{row.describe_batch()}\n({'decode' if row.decode_shaped else 'prefill'}-shaped)", _RESERVED)]
+        for start, for_capture, verdicts in zip((old_start, fixed_start), _FOR_CAPTURE, (row.old, row.fixed)):
+            cells.append((start - 1, f"for_capture=\n{for_capture}", _RESERVED))
+            cells += [
+                (start + i, "can" if verdicts[level] else "fails", _CAN if verdicts[level] else _MISSING)
+                for i, level in enumerate(levels)
+            ]
+        for x, text, color in cells:  # grey cells state plain facts (no verdict): black text
+            image[y, x] = color
+            ink = "black" if color == _RESERVED else "white"
+            ax.text(x, y, text, ha="center", va="center", fontsize=7.5, color=ink)
+    ax.imshow(image, aspect="auto", interpolation="nearest")
+    for x in range(columns + 1):
+        ax.axvline(x - 0.5, color="white", lw=2)
+    for x in (old_start - 1, fixed_start - 1):  # the two halves: before the fix, after it
+        ax.axvline(x - 0.5, color="black", lw=1.5)
+    for y in range(len(rows) + 1):
+        ax.axhline(y - 0.5, color="white", lw=2)
+    ax.set_yticks(range(len(rows)), [f"{r.num_tokens} token{'s' if r.num_tokens > 1 else ''}" for r in rows])
+    ax.set_ylabel("capture size")
+    names = [_LEVEL_LABELS.get(level.name, level.name) for level in levels]
+    labels = ["dummy batch", "before #49364", *names, "after #49364", *names]
+    ax.set_xticks(range(columns), labels, fontsize=7.5)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    ax.set_title(
+        f"breakable PIECEWISE capture, max_num_reqs={max_num_reqs}: can a builder of each "
+        "cudagraph_support level build the metadata?",
+        pad=12,
+    )
+    legend = {"can build it": _CAN, "fails at capture (MetadataBuildError)": _MISSING}
+    patch_legend(ax, legend, "upper center", (0.5, -0.02))
+    fig.tight_layout()
+    return fig
+
+
+def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
+    """Each decode step's logit difference from eager, and each cache's after the last, on one log scale."""
     fig = Figure(figsize=(11, 3.6), dpi=DPI)
     steps_ax, state_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.3, 1]})
     floor, ceiling = 1e-9, 10.0  # exact agreement plotted at the floor of the log scale
@@ -415,10 +274,8 @@ def draw_divergence(results: Mapping[str, ReproResult]) -> Figure:
         values = np.maximum([result.state_diffs.get(n, 0.0) for n in names], floor)
         state_ax.barh(np.arange(len(names)) + i * height, values - base, left=base, height=height, color=color)
     steps_ax.axhline(tolerance, color="gray", ls="--", lw=1, label="tolerance (rounding)")
-    steps_ax.set_ylim(floor / 2, ceiling)
-    steps_ax.set_xlabel("decode step")
+    steps_ax.set(ylim=(floor / 2, ceiling), xlabel="decode step", ylabel="max |replay - eager| (logits)")
     steps_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 2.5
-    steps_ax.set_ylabel("max |replay - eager| (logits)")
     # Above the panels, not over the lines: the right panel uses the same colours.
     steps_ax.legend(
         fontsize="small", frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, borderaxespad=0.2

@@ -1,5 +1,4 @@
-"""The express path's picture (notebook 00b): the ops a compiled piece recorded at capture with metadata
-(the fix) beside those it recorded without (the old path), the missing ones marked."""
+"""The express path's picture (notebook 00b): the ops a compiled piece recorded with metadata and without."""
 
 from __future__ import annotations
 
@@ -8,15 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from cglab.config import CUDAGraphMode
 from cglab.errors import ConfigError
 from cglab.graphs.sim import SimSegment
-from cglab.lab.draw import DPI
+from cglab.lab.draw import new_figure, patch_legend
 from cglab.runner import ModelRunner
-
-__all__ = ["OpRow", "compare_recordings", "describe_recordings", "draw_recordings", "recorded_ops"]
 
 _KEPT, _LOST = "#4e79a7", "#e15759"
 
@@ -28,14 +24,10 @@ def _short(func: object) -> str:
 
 
 def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
-    """The ops compiled piece ``piece`` recorded for the first PIECEWISE descriptor, in order, as short aten
-    names. Only the simulator keeps them: a CUDA graph keeps kernels, not names."""
+    """The ops compiled piece ``piece`` recorded for the first PIECEWISE descriptor, as short aten names."""
     compiled = runner.compiled_backend
     if compiled is None or not compiled.wrappers or not runner.graph_replays():
-        raise ConfigError(
-            "recorded_ops needs a runner that captured compiled PIECEWISE graphs: "
-            "ModelRunner(config, 'piecewise') (compiled, the default)"
-        )
+        raise ConfigError("recorded_ops needs compiled PIECEWISE graphs: build ModelRunner(config, 'piecewise')")
     desc = next(d for d in runner.graph_replays() if d.cg_mode is CUDAGraphMode.PIECEWISE)
     wrapper = compiled.wrappers.get(piece)
     if wrapper is None:
@@ -45,10 +37,7 @@ def recorded_ops(runner: ModelRunner, piece: str = "submod_0") -> list[str]:
     ops = []
     for step in wrapper.entries[desc].graph.steps:
         if not isinstance(step, SimSegment):
-            raise ConfigError(
-                "only the simulator keeps the ops a graph recorded; build the runner with "
-                "device='cpu' (a CUDA graph keeps its kernels, not their names)"
-            )
+            raise ConfigError("only the simulator keeps the ops a graph recorded: build the runner with device='cpu'")
         ops += [_short(record[1]) for record in step._records or ()]
     return ops
 
@@ -72,10 +61,9 @@ def compare_recordings(first: Sequence[str], second: Sequence[str]) -> list[OpRo
     return rows
 
 
-def describe_recordings(
-    first: Sequence[str], second: Sequence[str], labels: tuple[str, str] = ("with metadata", "without metadata")
-) -> str:
-    """The two recordings as two text columns; ``---`` where one of them recorded nothing."""
+def describe_recordings(first: Sequence[str], second: Sequence[str]) -> str:
+    """The two recordings (with metadata, without) as two text columns; ``---`` where one recorded nothing."""
+    labels = ("with metadata", "without metadata")
     rows = compare_recordings(first, second)
     width = max([len(labels[0]), *(len(r.op) for r in rows)]) + 2
     lines = [f"  {labels[0]:<{width}}{labels[1]}"]
@@ -94,40 +82,22 @@ def draw_recordings(
     labels: tuple[str, str] = ("with metadata (fixed)", "without metadata (legacy)"),
     note: str = "",
 ) -> Figure:
-    """Two columns of boxes, one per op, aligned by ``compare_recordings``: ops both recordings have in blue,
-    ops only one has in red (an empty, hatched box opposite)."""
+    """``compare_recordings`` as two columns of boxes, one per op: ops only one recording has in red."""
     rows = compare_recordings(first, second)
-    fig = Figure(figsize=(7, 0.24 * len(rows) + 1.3), dpi=DPI)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(7, 0.24 * len(rows) + 1.3)
     for y, row in enumerate(rows):
         for x, present in ((0, row.in_first), (1, row.in_second)):
             color = "white" if not present else _LOST if row.in_first != row.in_second else _KEPT
             ax.barh(-y, 0.9, left=x + 0.05, height=0.8, color=color, edgecolor="black", hatch="" if present else "//")
-            ax.text(
-                x + 0.5,
-                -y,
-                row.op if present else "nothing recorded",
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if present else "black",
-                bbox=None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1},
-            )
+            label, ink = (row.op, "white") if present else ("nothing recorded", "black")
+            box = None if present else {"facecolor": "white", "edgecolor": "none", "pad": 1}
+            ax.text(x + 0.5, -y, label, ha="center", va="center", fontsize=7, color=ink, bbox=box)
     for x, (label, ops) in enumerate(zip(labels, (first, second))):
         ax.text(x + 0.5, 0.8, f"{label}: {len(ops)} ops", ha="center", va="bottom", fontsize=9, weight="bold")
-    ax.set_xlim(0, 2)
-    ax.set_ylim(-len(rows) + 0.4, 1.6)
+    ax.set(xlim=(0, 2), ylim=(-len(rows) + 0.4, 1.6))
     ax.axis("off")
-    ax.set_title(
-        f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else ""), fontsize=10
-    )
-    ax.legend(
-        handles=[Patch(color=_KEPT, label="recorded by both"), Patch(color=_LOST, label="recorded by one only")],
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        ncol=2,
-        fontsize="small",
-        frameon=False,
-    )
+    title = f"what the graph of {piece} recorded at capture, in order" + (f"\n{note}" if note else "")
+    ax.set_title(title, fontsize=10)
+    patch_legend(ax, {"recorded by both": _KEPT, "recorded by one only": _LOST}, "upper center", (0.5, 0.0))
     fig.tight_layout()
     return fig

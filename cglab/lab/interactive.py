@@ -11,8 +11,6 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-__all__ = ["STILL_LINE", "ControlState", "explorer_type", "interactive", "still_html"]
-
 STILL_LINE = "Run this cell to get the controls."
 
 # What ``interactive``'s ``state`` returns for some control values: the names of the controls that
@@ -25,34 +23,24 @@ _DRAW_LOCK = threading.Lock()
 
 
 class _Redraw:
-    """Redraws one output area, one draw at a time: a request during a draw marks it stale and the running
-    thread draws once more, so a burst of changes ends in one draw of the newest values."""
+    """Calls ``draw`` one at a time; a burst of requests ends in one draw of the newest values."""
 
-    def __init__(self, draw: Callable[[dict[str, Any]], None], controls: dict[str, Any]) -> None:
-        self._draw, self._controls = draw, controls
-        self._state = threading.Lock()  # guards the two flags below
-        self._stale = self._running = False
+    def __init__(self, draw: Callable[[], None]) -> None:
+        self._draw = draw
+        self._drawing = threading.Lock()
+        self._stale = False
 
     def request(self, _change: Any = None) -> None:
-        with self._state:
-            self._stale = True
-            if self._running:
-                return  # the running draw sees the flag and draws again
-            self._running = True
-        try:
-            while True:
-                with self._state:
-                    if not self._stale:
-                        self._running = False
-                        return
-                    self._stale = False
-                    values = {name: control.value for name, control in self._controls.items()}
+        self._stale = True
+        # A request that finds a draw running returns at once: that thread sees the flag after its draw (it
+        # checks only once it has released the lock) and draws again with the newest values.
+        while self._stale and self._drawing.acquire(blocking=False):
+            try:  # a request during this draw marks it stale: this thread then draws once more
+                self._stale = False
                 with _DRAW_LOCK:
-                    self._draw(values)
-        except BaseException:
-            with self._state:
-                self._running = False  # a failed draw must not wedge later redraws
-            raise
+                    self._draw()
+            finally:
+                self._drawing.release()  # a failed draw must not wedge later redraws
 
 
 def still_html(figure: Figure | None) -> str:
@@ -67,9 +55,9 @@ def still_html(figure: Figure | None) -> str:
 
 
 class _WithStill:
-    """Mixed into an explorer's VBox: its display also carries a still (``still_html`` of its latest
-    figure). JupyterLab draws widgets only in outputs it trusts, and it does not trust a notebook it did
-    not run itself (one fresh from git): there it shows the still instead of ``VBox(children=...)``."""
+    """Mixed into an explorer's VBox: its display carries a still of its latest figure too."""
+
+    # JupyterLab shows the still in a notebook it did not run itself (fresh from git): it draws no widget there.
 
     latest_figure: Callable[[], Figure | None]
 
@@ -95,46 +83,43 @@ def interactive(
     notes: Callable[..., list[str]] | None = None,
     **fixed: Any,
 ) -> Any:
-    """Controls above an output area redrawing ``explorer(**controls, **fixed)`` on every change.
-    ``hint``: a line above; ``state(values)``: controls to disable and why (a status line);
-    ``notes``: lines under the figure. Not ``interactive_output``, which draws on every thread at once."""
+    """Controls above ``explorer(**controls, **fixed)`` and ``notes``' lines; ``state``: what to disable, and why."""
+    # Not ipywidgets' interactive_output: it draws on every thread at once.
     import ipywidgets as widgets
     from IPython.display import display
 
-    output = widgets.Output()
+    output, status = widgets.Output(), widgets.HTML()
     latest: list[Figure] = []
 
-    def draw(values: dict[str, Any]) -> None:
+    def values() -> dict[str, Any]:
+        return {name: control.value for name, control in controls.items()}
+
+    def draw() -> None:
+        chosen = values()
         with output:  # shows an explorer's exception in the output area, as interactive_output did
             output.clear_output(wait=True)
-            latest[:] = [explorer(**values, **fixed)]
+            latest[:] = [explorer(**chosen, **fixed)]
             display(latest[0])
-            for line in notes(**values, **fixed) if notes else ():
+            for line in notes(**chosen, **fixed) if notes else ():
                 print(line)
 
-    # The row wraps: on a narrow window (a laptop, JupyterLab's file browser open) no control may end up
-    # behind a horizontal scrollbar.
-    row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
-    parts = [*([widgets.HTML(f"<small>{html.escape(hint)}</small>")] if hint else []), row]
-    if state is not None:
-        status = widgets.HTML()
+    redraw = _Redraw(draw)
 
-        def update_controls(_change: Any = None) -> None:
-            disabled, why = state({name: control.value for name, control in controls.items()})
+    def changed(_change: Any = None) -> None:
+        if state is not None:  # the controls' state follows a change at once, before the (slower) redraw
+            disabled, why = state(values())
             for name, control in controls.items():
                 control.disabled = name in disabled
             status.value = f"<small>{html.escape(why)}</small>" if why else ""
+        redraw.request()
 
-        # Observers run in the order they were added: the controls' state follows a change before the
-        # (slower) redraw starts.
-        for control in controls.values():
-            control.observe(update_controls, "value")
-        update_controls()
-        parts.append(status)
-    redraw = _Redraw(draw, controls)
     for control in controls.values():
-        control.observe(redraw.request, "value")
-    redraw.request()  # the initial figure
-    box = explorer_type()([*parts, output])
+        control.observe(changed, "value")
+    changed()  # the initial state and figure
+    # The row wraps: on a narrow window (a laptop, JupyterLab's file browser open) no control may end up
+    # behind a horizontal scrollbar.
+    row = widgets.HBox(list(controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+    above = [widgets.HTML(f"<small>{html.escape(hint)}</small>")] if hint else []
+    box = explorer_type()([*above, row, *([status] if state else []), output])
     box.latest_figure = lambda: latest[0] if latest else None
     return box

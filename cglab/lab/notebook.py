@@ -9,22 +9,17 @@ import torch
 from cglab.compilation.backends import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
 
-__all__ = ["setup_notebook"]
-
 
 def setup_notebook(device: str | None = None) -> str:
-    """``"cuda"`` where a GPU is visible, else ``"cpu"`` (the simulator). One CPU thread (tiny tensors: more
-    only compete, and sums keep one order); on a GPU the ``eager`` compile backend unless
-    ``$CGLAB_COMPILE_BACKEND`` says otherwise (a cold inductor compile costs seconds per model)."""
+    """``"cuda"`` where a GPU is visible, else ``"cpu"`` (the simulator); one CPU thread; on a GPU, eager compiles."""
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError(f"setup_notebook takes 'cpu', 'cuda' or nothing (the GPU if one is visible), got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "setup_notebook('cuda') was asked for but no CUDA GPU is visible; "
-            "call setup_notebook() to run on the CPU simulator of CUDA graphs"
-        )
+        raise ConfigError("no CUDA GPU is visible: call setup_notebook() to run on the CPU simulator")
+    # Tiny tensors: more threads only compete, and one thread keeps the sums in one order.
     torch.set_num_threads(1)
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if chosen == "cuda":
+        # The eager compile backend, unless $CGLAB_COMPILE_BACKEND names one: a cold inductor compile costs seconds.
         os.environ.setdefault(COMPILE_BACKEND_ENV, "eager")
     return chosen

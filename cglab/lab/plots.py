@@ -1,5 +1,4 @@
-"""Figures of benchmark results and speculative decoding runs, one question per Axes. Titles name the
-device (the simulator's say: semantics, not GPU speed); legends sit below the axes, clear of curves."""
+"""Figures of benchmark results and speculative decoding runs, one question per Axes."""
 
 from __future__ import annotations
 
@@ -16,20 +15,6 @@ from cglab.bench import BENCH_MODES, BenchResult
 from cglab.errors import ConfigError
 from cglab.repro import ReproResult
 
-__all__ = [
-    "MODE_COLORS",
-    "SIM_LABEL",
-    "path_colors",
-    "plot_kernel_floor",
-    "plot_kernel_sets",
-    "plot_ladder",
-    "plot_latency",
-    "plot_overview",
-    "plot_piecewise_break_cost",
-    "plot_speedup",
-    "plot_tokens_per_step",
-]
-
 SIM_LABEL = "CPU simulator: semantics only, not GPU speed"
 # One colour per benchmark mode in every picture. None is the legacy path's red or the fixed path's blue
 # (path_colors), so red and blue always name a capture path: PIECEWISE purples, FULL greens, the compiled
@@ -42,21 +27,13 @@ MODE_COLORS = {
     "compiled_full": "#0b4f12",
     "reduce_overhead": "#b8860b",
 }
-_STYLE = {
-    mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker)
-    for mode, marker in (
-        ("none", "o"),
-        ("piecewise", "s"),
-        ("full", "^"),
-        ("compiled_piecewise", "D"),
-        ("compiled_full", "v"),
-        ("reduce_overhead", "x"),
-    )
-}
+# Each mode's label, colour and marker (in MODE_COLORS' order: circle, square, diamond, triangles, cross).
+_STYLE = {mode: (BENCH_MODES[mode].label, MODE_COLORS[mode], marker) for mode, marker in zip(MODE_COLORS, "osD^vx")}
 _FLOOR_MODES = ("full", "compiled_full")  # one launch a step: what is left above their floors is inside the graph
 _ROW_TOP_PT, _ROW_STEP_PT = 4, 10  # the kernel floor's label rows: below the top edge, apart (7 pt text)
 # The share of the axes height kept free of data per label row: enough for the rows on axes 1.5 inches tall.
 _ROW_BAND = 0.15
+_LEGEND_BELOW = {"loc": "upper center", "bbox_to_anchor": (0.5, 0), "ncol": 2, "fontsize": 8, "frameon": False}
 
 
 def plot_latency(result: BenchResult, ax: Axes | None = None) -> Axes:
@@ -87,18 +64,12 @@ def plot_speedup(result: BenchResult, ax: Axes | None = None) -> Axes:
     ax.set_ylabel("speed-up over eager (median latency ratio)")
     ax.set_ylim(bottom=0)
     eager_launches = _launches(_by_size(result, "none", "launches").get(first, math.nan))
-    return _finish(
-        ax,
-        result,
-        "Speed-up over eager",
-        _all_sizes(result),
-        legend_title=f"at batch {first} (eager: {eager_launches})",
-    )
+    legend_title = f"at batch {first} (eager: {eager_launches})"
+    return _finish(ax, result, "Speed-up over eager", _all_sizes(result), legend_title=legend_title)
 
 
 def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
-    """FULL (and compiled FULL) replay latency against its kernel floor (the summed kernel time: launching for
-    free), and the roofline below both (the weights read once at the memory's bandwidth)."""
+    """FULL (and compiled FULL) replay latency against its kernel floor (launching for free), and the roofline."""
     ax = _axes(ax)
     title = "One-launch replays against the kernel floor"
     modes = [m for m in _FLOOR_MODES if m in result.modes]
@@ -117,30 +88,12 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
         # One row of labels per mode in the band above the data, one per batch size: rows a fixed
         # distance apart never collide, and the band is kept free of curves by the y limit below.
         down = -_ROW_TOP_PT - _ROW_STEP_PT * row
+        text = {"textcoords": "offset points", "va": "top", "fontsize": 7, "color": color}
         for s, m, f in zip(sizes, median, floors[mode]):
             if not math.isnan(f) and f > 0:
-                ax.annotate(
-                    f"{(m / f - 1) * 100:+.0f}%",
-                    (s, 1),
-                    xycoords=ax.get_xaxis_transform(),
-                    textcoords="offset points",
-                    xytext=(0, down),
-                    ha="center",
-                    va="top",
-                    fontsize=7,
-                    color=color,
-                )
-        ax.annotate(
-            label,
-            (1, 1),
-            xycoords="axes fraction",
-            textcoords="offset points",
-            xytext=(4, down),
-            ha="left",
-            va="top",
-            fontsize=7,
-            color=color,
-        )
+                over = f"{(m / f - 1) * 100:+.0f}%"
+                ax.annotate(over, (s, 1), xycoords=ax.get_xaxis_transform(), xytext=(0, down), ha="center", **text)
+        ax.annotate(label, (1, 1), xycoords="axes fraction", xytext=(4, down), ha="left", **text)
     _roofline(ax, result)
     ax.set_ylabel("µs per step (top rows: replay over its floor)")
     ax.set_ylim(0, highest / (1 - _ROW_BAND * len(modes)))
@@ -148,8 +101,7 @@ def plot_kernel_floor(result: BenchResult, ax: Axes | None = None) -> Axes:
 
 
 def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | None = None) -> Axes:
-    """One bar per mode at one batch size (default: the smallest), labelled with its launches and kernels
-    per step; the kernel floor of each bar and the roofline as lines."""
+    """One bar per mode at one batch size (default: the smallest), with its launches, kernels and floor."""
     from cglab.bench.report import ladder
 
     ax = _axes(ax)
@@ -162,23 +114,10 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
     ax.bar(x, [r["median_us"] for r in rows], color=[_STYLE[r["mode"]][1] for r in rows], alpha=0.8)
     for i, r in enumerate(rows):
         if not math.isnan(r["kernel_floor_us"]):
-            ax.hlines(
-                r["kernel_floor_us"],
-                i - 0.4,
-                i + 0.4,
-                color="black",
-                linestyle="--",
-                linewidth=1,
-                label="kernel floor" if i == 0 else None,
-            )
-        ax.annotate(
-            f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels",
-            (i, r["median_us"]),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="center",
-            fontsize=7,
-        )
+            label = "kernel floor" if i == 0 else None
+            ax.hlines(r["kernel_floor_us"], i - 0.4, i + 0.4, color="black", linestyle="--", linewidth=1, label=label)
+        text = f"{r['median_us']:.0f} µs\n{_count(r['launches'])} launches\n{_count(r['kernels'])} kernels"
+        ax.annotate(text, (i, r["median_us"]), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     _roofline(ax, result)
     ax.set_xticks(list(x), [r["label"].replace(" ", "\n", 1) for r in rows], fontsize=8)
     ax.set_yscale("log")
@@ -191,8 +130,7 @@ def plot_ladder(result: BenchResult, batch_size: int | None = None, ax: Axes | N
 
 
 def plot_kernel_sets(before: BenchResult, after: BenchResult, batch_size: int | None = None) -> Figure:
-    """The ladder of two runs side by side on one latency scale, each titled with its kernel set: what one
-    fused kernel per attention-like op changes in launches, kernels, floor and distance to the roofline."""
+    """The ladders of two runs side by side on one latency scale, each titled with its kernel set."""
     from cglab.bench.report import KERNEL_SET_LABELS, kernel_set
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
@@ -253,8 +191,7 @@ _SPARE_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink
 
 
 def path_colors(results: Iterable[ReproResult]) -> list[str]:
-    """One colour per run, the same in every picture of the suite: legacy capture red, fixed capture
-    blue; a second run of one kind takes the next unused colour, never a duplicate."""
+    """One colour per run: legacy capture red, fixed capture blue, a second run of a kind the next spare."""
     colors: list[str] = []
     for result in results:
         color = _PATH_COLORS[bool(result.legacy_skip_attn)]
@@ -265,8 +202,7 @@ def path_colors(results: Iterable[ReproResult]) -> list[str]:
 
 
 def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = None) -> Axes:
-    """Tokens a request gains per speculative step, per run, against the eager reference and the bounds
-    1 and ``K + 1``; a count, so the same on the simulator and a GPU."""
+    """Tokens a request gains per speculative step, per run, against the eager reference and 1 and ``K + 1``."""
     if not results or any(not r.tokens_per_step for r in results.values()):
         raise ConfigError("plot_tokens_per_step needs speculative decoding results: run_spec_repro(...) for each run")
     ks = {r.num_speculative_tokens for r in results.values()}
@@ -276,38 +212,18 @@ def plot_tokens_per_step(results: Mapping[str, ReproResult], ax: Axes | None = N
     ax = _axes(ax)
     for color, (label, result) in zip(path_colors(results.values()), results.items()):
         tokens = result.tokens_per_step
-        ax.plot(
-            range(1, len(tokens) + 1),
-            tokens,
-            marker="o",
-            color=color,
-            label=f"{label}: {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}",
-        )
+        label += f": {sum(tokens) / len(tokens):.2f} tokens/step, acceptance {result.acceptance_rate:.2f}"
+        ax.plot(range(1, len(tokens) + 1), tokens, marker="o", color=color, label=label)
     # On top, dashed: a run that matches the eager drafter lies right under it.
     reference = next(iter(results.values())).reference_tokens_per_step
-    ax.plot(
-        range(1, len(reference) + 1),
-        reference,
-        color="black",
-        linestyle="--",
-        marker=".",
-        zorder=3,
-        label=f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step",
-    )
+    label = f"eager drafter (reference): {sum(reference) / len(reference):.2f} tokens/step"
+    ax.plot(range(1, len(reference) + 1), reference, color="black", linestyle="--", marker=".", zorder=3, label=label)
     for bound, text in ((1, "1: no speculation"), (k + 1, f"{k + 1}: every draft accepted")):
         ax.axhline(bound, color="gray", linewidth=1, linestyle=":")
-        ax.annotate(
-            text,
-            (len(reference), bound),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="right",
-            fontsize=7,
-            color="gray",
-        )
+        xy = (len(reference), bound)
+        ax.annotate(text, xy, textcoords="offset points", xytext=(0, 3), ha="right", fontsize=7, color="gray")
     ax.set_ylim(0, k + 1.6)
-    ax.set_xlabel("speculative step")
-    ax.set_ylabel("tokens per request per step (mean over the batch)")
+    ax.set(xlabel="speculative step", ylabel="tokens per request per step (mean over the batch)")
     ax.set_title(f"Tokens per step, {k} speculative tokens, greedy verification", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
@@ -334,35 +250,18 @@ def _finish(ax: Axes, result: BenchResult, what: str, sizes: list[int], legend_t
 
 
 def _legend_below(ax: Axes, title: str | None) -> None:
-    """The legend under the x-axis label, where it covers no curve; constrained layout makes room. The drop is
-    counted in points from the tick and label fonts, so it clears them at any axes size."""
+    """The legend under the x-axis label, where it covers no curve; constrained layout makes room."""
+    # The drop is counted in points from the tick and label fonts, so it clears them at any axes size.
     rc = plt.rcParams
-    tick_font = FontProperties(size=rc["xtick.labelsize"]).get_size_in_points()
-    label_font = FontProperties(size=rc["axes.labelsize"]).get_size_in_points()
-    drop = (
-        rc["xtick.major.size"]
-        + rc["xtick.major.pad"]
-        + 1.2 * tick_font  # ticks and their labels
-        + rc["axes.labelpad"]
-        + 1.2 * label_font
-        + 4
-    )  # the axis label, and a gap
+    fonts = sum(FontProperties(size=rc[key]).get_size_in_points() for key in ("xtick.labelsize", "axes.labelsize"))
+    # The ticks, their labels, the axis label, and a gap.
+    drop = rc["xtick.major.size"] + rc["xtick.major.pad"] + rc["axes.labelpad"] + 1.2 * fonts + 4
     below = ax.transAxes + ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
-    ax.legend(
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0),
-        bbox_transform=below,
-        ncol=2,
-        fontsize=8,
-        frameon=False,
-        title=title,
-        title_fontsize=8,
-        alignment="left",
-    )
+    ax.legend(bbox_transform=below, title=title, title_fontsize=8, alignment="left", **_LEGEND_BELOW)
 
 
 def _on_device(what: str, result: BenchResult, sep: str = "\n") -> str:
-    """``what``, the device's name and, on the simulator, that its times say nothing of a GPU's."""
+    """``what``, the device's name and, on the simulator, that its times say nothing of a GPU's: every title."""
     return f"{what}{sep}{result.device_name}" + (f"\n{SIM_LABEL}" if result.backend == "sim" else "")
 
 
@@ -383,8 +282,7 @@ def _median_band(ax: Axes, result: BenchResult, mode: str, label: str) -> tuple[
 
 def _missing(ax: Axes, result: BenchResult, what: str, why: str) -> Axes:
     ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", color="gray")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     return _title(ax, result, what)
 
 
@@ -393,14 +291,11 @@ def _roofline(ax: Axes, result: BenchResult) -> None:
     env = result.environment
     if env.get("roofline_us") is None:
         return
-    ax.axhline(
-        env["roofline_us"],
-        color="gray",
-        linestyle="-.",
-        linewidth=1.2,
-        label=f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
-        f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)",
+    label = (
+        f"roofline: {env['weight_bytes'] / 1e6:.3g} MB of weights at "
+        f"{env['memory_bandwidth_gb_s']:.0f} GB/s ({env['roofline_us']:.3g} µs)"
     )
+    ax.axhline(env["roofline_us"], color="gray", linestyle="-.", linewidth=1.2, label=label)
 
 
 def _by_size(result: BenchResult, mode: str, column: str) -> dict[int, float]:
@@ -421,7 +316,6 @@ def _launches(value: float) -> str:
 
 def _model(result: BenchResult) -> str:
     c = result.config
-    try:
-        return f"{len(c['layers'].split(','))} layers, hidden {c['hidden_size']}, {c['dtype']}"
-    except (KeyError, AttributeError):
+    if not {"layers", "hidden_size", "dtype"} <= set(c):
         return "toy model"
+    return f"{len(c['layers'].split(','))} layers, hidden {c['hidden_size']}, {c['dtype']}"

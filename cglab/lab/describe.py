@@ -1,0 +1,135 @@
+"""Text pictures of the toy engine: environment, requests' blocks, a prepared step, the dispatcher's picks."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from importlib.util import find_spec
+
+import matplotlib
+import torch
+
+from cglab import __version__
+from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, get_uniform_decode_token_count
+from cglab.compilation.backends import auto_compiler
+from cglab.config import CUDAGraphMode
+from cglab.graphs import get_backend
+from cglab.runner import ModelRunner, PreparedStep
+
+DISPATCH_POLICIES = tuple(
+    CUDAGraphMode[name] for name in ("FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE")
+)
+
+
+def describe_environment(device: str = "cpu") -> str:
+    """Versions and the graph backend a notebook runs on, one per line."""
+    backend = get_backend("auto", device)
+    cuda = torch.version.cuda or "none (CPU build)"
+    # A plain PyTorch install (a GPU box's, say) may lack ipywidgets; only the widget cells need it.
+    widgets = version("ipywidgets") if find_spec("ipywidgets") else "not installed (widgets off)"
+    return (
+        f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
+        f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
+        f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
+        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}"
+    )
+
+
+def describe_requests(runner: ModelRunner) -> str:
+    """One line per request: tokens stored, the blocks it owns (its block-table row) and their slots."""
+    bs = runner.config.block_size
+    return "\n".join(
+        f"{r.req_id}: {r.num_computed_tokens:2d} tokens in blocks "
+        + ", ".join(f"{b} (slots {b * bs}-{b * bs + bs - 1})" for b in r.block_ids)
+        for r in runner.requests.values()
+    )
+
+
+def describe_step(prepared: PreparedStep) -> str:
+    """What a prepared step (``ModelRunner.prepare_step``) wrote into the persistent buffers, padding included."""
+    batch, desc = prepared.input_batch, prepared.descriptor
+    slot_mapping = next(iter(prepared.attn_metadata.values())).slot_mapping
+    return (
+        f"{desc}: {batch.num_tokens} real token(s) in {len(prepared.requests)} request(s)\n"
+        f"  query_start_loc {batch.query_start_loc.tolist()}\n"
+        f"  seq_lens        {batch.seq_lens.tolist()}\n"
+        f"  slot_mapping    {slot_mapping.tolist()}"
+    )
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """A batch as the dispatcher sees it; ``by_shape``: the rule before vLLM PR #51865 (equal query lengths)."""
+
+    label: str
+    query_lens: tuple[int, ...]
+    prefilling: tuple[bool, ...] = ()  # per request; missing entries: decoding
+    by_shape: bool = False
+
+    def uniform_token_count(self) -> int | None:
+        """What the runner passes to dispatch: the tokens per request of a uniform decode batch, else None."""
+        return get_uniform_decode_token_count(self.query_lens, not self.by_shape and any(self.prefilling))
+
+
+def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
+    """A descriptor as ``describe_dispatch`` prints it: ``FULL 4/4 u=1``, ``PIECEWISE 8``, ``eager`` (NONE)."""
+    if desc.cg_mode is CUDAGraphMode.NONE:
+        return "eager"
+    reqs = "" if desc.num_reqs is None else f"/{desc.num_reqs}"
+    uniform = "" if desc.uniform_token_count is None else f" u={desc.uniform_token_count}"
+    return f"{desc.cg_mode.name} {desc.num_tokens}{reqs}{uniform}"
+
+
+def describe_dispatch(
+    capture_sizes: Sequence[int],
+    max_num_reqs: int,
+    shapes: Sequence[BatchShape],
+    policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES,
+) -> str:
+    """A table of the graph dispatch picks (``dispatch_cell``), one row per batch shape, one column per policy."""
+    dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
+    header = ["batch", "uniform", *(p.name for p in policies)]
+    rows = [header]
+    for shape in shapes:
+        uniform = shape.uniform_token_count()
+        descs = [d.dispatch(len(shape.query_lens), sum(shape.query_lens), uniform) for d in dispatchers]
+        rows.append([shape.label, "-" if uniform is None else str(uniform), *map(dispatch_cell, descs)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
+        "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode",
+    ]
+    for i, row in enumerate(rows):
+        lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe_spec_decode_sizes(
+    capture_sizes: Sequence[int],
+    num_speculative_tokens: int,
+    max_num_reqs: int,
+    policy: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE,
+) -> str:
+    """The target's graphs under speculative decoding as vLLM's two model runners choose them, one line each."""
+    sizes, q = sorted(capture_sizes), num_speculative_tokens + 1
+    # v1 (adjust_cudagraph_sizes_for_spec_decode, when the policy decodes in FULL) rounds every size up to a
+    # multiple of K + 1 and keeps those up to the largest (K + 1 alone if none is left; none fits: a start-up
+    # error). v2 rounds only the FULL uniform-decode graphs (uniform_decode_sizes), as cglab does.
+    v1 = sizes
+    if policy.decode_mode() is CUDAGraphMode.FULL:
+        v1 = sorted({r for r in (-(-s // q) * q for s in sizes) if r <= sizes[-1]})
+        v1 = v1 or ([q] if q <= sizes[-1] else [])
+    lines = [f"capture sizes {tuple(sizes)}, K = {q - 1}, max_num_reqs = {max_num_reqs}, {policy.name}"]
+    for runner, ladder in (("v1", v1), ("v2", sizes)):
+        descs = CudagraphDispatcher(policy, ladder, max_num_reqs, q).capture_descriptors()
+        graphs = [
+            f"{m.name} {', '.join(str(d.num_tokens) for d in reversed(descs) if d.cg_mode is m)}"
+            for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
+            if any(d.cg_mode is m for d in descs)
+        ]
+        lines.append(f"model runner {runner}: {' | '.join(graphs) if ladder else 'start-up error, no size left'}")
+    return "\n".join(lines)
