@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cglab import CUDAGraphMode, ModelRunner
-from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, save_results
+from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
 from cglab.bench import files as results
 from cglab.cli import main
 from cglab.errors import ConfigError
@@ -178,7 +178,7 @@ def test_force_overwrites(tmp_path: Path) -> None:
 @pytest.fixture
 def small_result() -> BenchResult:
     row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
-    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "attn"})
+    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"modes": ["full"], "batch_sizes": [1]})
 
 
 def test_atomic_write_leaves_nothing_on_error(
@@ -206,27 +206,12 @@ def test_save_and_load_round_trip(tmp_path: Path, small_result: BenchResult) -> 
 
 
 def test_load_errors_are_clear(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no benchmark results"):
+    with pytest.raises(ConfigError, match="no results at .*python -m cglab bench"):
         load_results(tmp_path / "missing")
     (tmp_path / "bad.csv").write_text("mode,batch_size\nfull,1\n")
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="missing column"):
         load_results(tmp_path / "bad")
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"modes": ("full_and_piecewise",)},
-        {"batch_sizes": ()},
-        {"batch_sizes": (0,)},
-        {"repeats": 2},
-        {"prompt_len": 40},
-    ],
-)
-def test_bad_config_is_refused(kwargs: dict) -> None:
-    with pytest.raises(ConfigError):
-        BenchConfig.quick_preset(**kwargs)
 
 
 def test_recorded_files_exist() -> None:

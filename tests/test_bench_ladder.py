@@ -186,27 +186,6 @@ def test_the_peer_gets_capture_safe_metadata_in_the_same_buffers() -> None:
     assert torch.equal(after.slot_mapping, before.slot_mapping) and safe.input_batch is prepared.input_batch
 
 
-# ----------------------------------------------------------------------------------- limits
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"repeats": 10**9},
-        {"batch_sizes": (4096,)},
-        {"layers": ",".join(["attn"] * 300)},
-        {
-            "hidden_size": 4096,
-            "layers": ",".join(["attn"] * 64),
-            "batch_sizes": (1024,),
-            "prompt_len": 4000,
-            "max_model_len": 4096,
-        },
-    ],
-)
-def test_limits_say_they_are_ours(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="a limit cglab sets against typos, not a hardware limit"):
-        BenchConfig.quick_preset(**kwargs)
-
-
 # ----------------------------------------------------------------------------------- profiler log lines
 def test_profiler_log_lines_are_dropped_and_the_rest_kept(capfd: pytest.CaptureFixture[str]) -> None:
     fd = sys.__stderr__.fileno()

@@ -15,37 +15,11 @@ from cglab._lazy import lazy_exports
 # Imported on first use (PEP 562): ``python -m cglab`` reads the row kinds (``cglab.bench.modes``, no
 # torch) to build its parser, and must not import torch for it.
 _EXPORTS = {
-    "cglab.bench.config": ("LIMIT_NOTE", "BenchConfig"),
-    "cglab.bench.files": (
-        "CSV_COLUMNS",
-        "EXTRA_COLUMNS",
-        "FORMAT",
-        "BenchResult",
-        "check_output",
-        "load_results",
-        "result_paths",
-        "save_results",
-    ),
-    "cglab.bench.modes": ("BENCH_MODES", "MODE_NAMES", "BenchMode"),
+    "cglab.bench.config": ("BenchConfig",),
+    "cglab.bench.files": ("CSV_COLUMNS", "BenchResult", "check_output", "load_results", "save_results"),
+    "cglab.bench.modes": ("BENCH_MODES", "MODE_NAMES"),
     "cglab.bench.run": ("run_bench",),
 }
-
-__all__ = [
-    "BENCH_MODES",
-    "CSV_COLUMNS",
-    "EXTRA_COLUMNS",
-    "FORMAT",
-    "LIMIT_NOTE",
-    "MODE_NAMES",
-    "BenchConfig",
-    "BenchMode",
-    "BenchResult",
-    "check_output",
-    "load_results",
-    "result_paths",
-    "run_bench",
-    "save_results",
-]
-
+__all__ = [name for names in _EXPORTS.values() for name in names]
 
 __getattr__, __dir__ = lazy_exports("cglab.bench", _EXPORTS, globals(), __all__)

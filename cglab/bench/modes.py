@@ -1,80 +1,67 @@
 """What the benchmark can measure: one row kind per way of running a decode step, the ladder from
 eager to compiled FULL, plus the peer a user would pick instead of an engine.
 
-A row's ``mode`` column holds the name. The first three are the rows every recording has had (the
-uncompiled model: PIECEWISE is the breakable flavor); the compiled rows run the model through
-torch.compile split at attention (vLLM's default, inductor on a GPU); ``reduce_overhead`` is the same
-model under ``torch.compile(mode="reduce-overhead")``: inductor plus PyTorch's own CUDA graph trees,
-no engine graphs at all.
+A row's ``mode`` column holds the name. The first three run the uncompiled model (PIECEWISE is the
+breakable flavor); the compiled rows run it through torch.compile split at attention (vLLM's default,
+inductor on a GPU); ``reduce_overhead`` is the same model under ``torch.compile(mode="reduce-overhead")``:
+inductor plus PyTorch's own CUDA graph trees, no engine graphs at all (CUDA only).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cglab.config import CUDAGraphMode
 
 __all__ = ["BENCH_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "available_modes", "bench_compiler"]
 
 
-@dataclass(frozen=True)
-class BenchMode:
-    """One row kind: the runtime mode the engine dispatches the step to, and how the model runs."""
+class BenchMode(NamedTuple):
+    """One row kind: the mode the engine dispatches the step to (the peer: NONE, torch captures), how
+    the model runs ("plain", "compiled" or "reduce-overhead"), a short label and a description."""
 
-    name: str
-    cg_mode: CUDAGraphMode  # what the engine's dispatcher picks (the peer: NONE, torch captures)
-    flavor: str  # "plain" (uncompiled; PIECEWISE is breakable), "compiled" (split at attention), "reduce-overhead"
+    cg_mode: CUDAGraphMode
+    flavor: str
     label: str
     description: str
-    cuda_only: bool = False  # CUDA graph trees exist only on a GPU
 
 
-BENCH_MODES: dict[str, BenchMode] = {
-    m.name: m
-    for m in (
-        BenchMode("none", CUDAGraphMode.NONE, "plain", "eager (NONE)", "the plain model, run eagerly"),
-        BenchMode(
-            "piecewise",
-            CUDAGraphMode.PIECEWISE,
-            "plain",
-            "PIECEWISE",
-            "the plain model, breakable PIECEWISE: graph segments between attention's eager breaks",
-        ),
-        BenchMode("full", CUDAGraphMode.FULL, "plain", "FULL", "the plain model, one FULL graph"),
-        BenchMode(
-            "compiled_piecewise",
-            CUDAGraphMode.PIECEWISE,
-            "compiled",
-            "compiled PIECEWISE",
-            "torch.compile split at attention (inductor on a GPU), one graph per piece",
-        ),
-        BenchMode(
-            "compiled_full",
-            CUDAGraphMode.FULL,
-            "compiled",
-            "compiled FULL",
-            "torch.compile (inductor on a GPU), one FULL graph of the compiled forward",
-        ),
-        BenchMode(
-            "reduce_overhead",
-            CUDAGraphMode.NONE,
-            "reduce-overhead",
-            'torch.compile "reduce-overhead"',
-            'torch.compile(mode="reduce-overhead"): inductor and torch\'s CUDA graph trees; the engine '
-            "captures nothing",
-            cuda_only=True,
-        ),
-    )
+BENCH_MODES = {
+    "none": BenchMode(CUDAGraphMode.NONE, "plain", "eager (NONE)", "the plain model, run eagerly"),
+    "piecewise": BenchMode(
+        CUDAGraphMode.PIECEWISE,
+        "plain",
+        "PIECEWISE",
+        "the plain model, breakable PIECEWISE: graph segments between attention's eager breaks",
+    ),
+    "full": BenchMode(CUDAGraphMode.FULL, "plain", "FULL", "the plain model, one FULL graph"),
+    "compiled_piecewise": BenchMode(
+        CUDAGraphMode.PIECEWISE,
+        "compiled",
+        "compiled PIECEWISE",
+        "torch.compile split at attention (inductor on a GPU), one graph per piece",
+    ),
+    "compiled_full": BenchMode(
+        CUDAGraphMode.FULL,
+        "compiled",
+        "compiled FULL",
+        "torch.compile (inductor on a GPU), one FULL graph of the compiled forward",
+    ),
+    "reduce_overhead": BenchMode(
+        CUDAGraphMode.NONE,
+        "reduce-overhead",
+        'torch.compile "reduce-overhead"',
+        'torch.compile(mode="reduce-overhead"): inductor and torch\'s CUDA graph trees; the engine captures nothing',
+    ),
 }
 MODE_NAMES = tuple(BENCH_MODES)
-# The policies the start-up measurement (``cglab.bench.startup``) compares; here, away from torch, for
-# the command line to check ``--policies`` before it imports anything heavy.
+# The policies ``cglab.bench.startup`` compares: here, away from torch, for the parser.
 POLICIES = ("piecewise", "full", "full_and_piecewise")
 
 
 def available_modes(device_type: str) -> tuple[str, ...]:
-    """Every row kind this device can measure, in ladder order."""
-    return tuple(m.name for m in BENCH_MODES.values() if device_type == "cuda" or not m.cuda_only)
+    """Every row kind this device can measure, in ladder order (CUDA graph trees exist only on a GPU)."""
+    return tuple(m for m, kind in BENCH_MODES.items() if device_type == "cuda" or kind.flavor != "reduce-overhead")
 
 
 def bench_compiler(device_type: str) -> str:

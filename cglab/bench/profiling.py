@@ -12,7 +12,6 @@ import statistics
 import sys
 import tempfile
 from bisect import bisect_right
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,45 +23,24 @@ __all__ = ["MARKER", "Window", "attribute", "profile_steps", "without_profiler_l
 
 MARKER = "cglab.bench/"
 _WORK_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
-# torch's profiler (kineto) writes these from C++ straight to file descriptor 2 when it starts and
-# stops, e.g. "USDT:2026-12-01 09:03:30 ... profiler_start": log noise, not a message for the user.
-_LOG_PREFIX = b"USDT:"
 
 
 @contextmanager
 def without_profiler_log_lines() -> Iterator[None]:
-    """Drop the profiler's ``USDT:`` log lines; pass every other line written to stderr through.
-
-    They bypass ``sys.stderr`` (C code writing to fd 2), so fd 2 itself is pointed at a temporary
-    file for the duration, and what was written there is replayed afterwards, minus those lines.
-    """
-    try:
-        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
-        saved = os.dup(fd)
-    except (OSError, ValueError):  # no real stderr (embedded interpreters): nothing to filter
-        yield
-        return
+    """Drop the ``USDT:`` log lines torch's profiler (kineto) writes from C++ to file descriptor 2 as it
+    starts and stops, and pass every other line through: fd 2 points at a temporary file meanwhile."""
+    saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
-        _flush_stderr()
-        os.dup2(capture.fileno(), fd)
+        sys.stderr.flush()
+        os.dup2(capture.fileno(), 2)
         try:
             yield
         finally:
-            _flush_stderr()
-            os.dup2(saved, fd)
+            sys.stderr.flush()
+            os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            kept = b"".join(
-                line for line in capture.read().splitlines(keepends=True) if not line.startswith(_LOG_PREFIX)
-            )
-            if kept:
-                os.write(fd, kept)
-
-
-def _flush_stderr() -> None:
-    for stream in (sys.stderr, sys.__stderr__):
-        if stream is not None:
-            stream.flush()
+            os.write(2, b"".join(line for line in capture.readlines() if not line.startswith(b"USDT:")))
 
 
 @dataclass
@@ -110,7 +88,7 @@ def profile_steps(
     finally:
         with without_profiler_log_lines():
             prof.stop()
-    windows, diagnostics = attribute(prof.events(), cuda)
+    windows = attribute(prof.events(), cuda)
     unseen = 0
     for row in rows:
         per_step = [windows.get((row["mode"], row["batch_size"], k), Window()) for k in range(profile_steps)]
@@ -122,37 +100,32 @@ def profile_steps(
         if cuda:
             row["kernels"] = round(statistics.median(w.events for w in per_step))
             row["launches"] = round(statistics.median(len(w.ids) for w in per_step))
-    if cuda:
-        environment["profiler_device_events"] = diagnostics
-        if unseen:
-            environment["profiler_note"] = (
-                f"the profiler saw no GPU activity in {unseen} row(s): their "
-                "kernel_floor_us is nan, launches and kernels are the structural counts"
-            )
+    if unseen:
+        environment["profiler_note"] = (
+            f"the profiler saw no GPU activity in {unseen} row(s): their "
+            "kernel_floor_us is nan, launches and kernels are the structural counts"
+        )
 
 
-def attribute(events: Any, cuda: bool) -> tuple[dict[tuple[str, int, int], Window], dict[str, Any]]:
-    """Sort the profiler's events into the profiled steps, by midpoint; also say what was seen."""
-    markers = [
-        (e.name[len(MARKER) :].split("/"), e.time_range)
+def attribute(events: Any, cuda: bool) -> dict[tuple[str, int, int], Window]:
+    """Sort the profiler's events into the profiled steps, by midpoint: on a GPU its device work (not the
+    GPU-side copies of our named ranges); on a CPU the aten ops' own time."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, (mode, int(bs), int(k)))
         for e in events
         if e.name.startswith(MARKER) and e.device_type == torch.autograd.DeviceType.CPU
-    ]
-    if cuda:  # GPU work, not the GPU-side copies of our named ranges
-        device = [
+        for mode, bs, k in [e.name[len(MARKER) :].split("/")]
+    )
+    if cuda:  # torch 2.13 labels activities (keep kernels, copies, fills); 2.11 leaves them None
+        chosen = [
             e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(MARKER)
         ]
-        kinds = Counter(str(getattr(e, "activity_type", None)) for e in device)
-        if any(k in kinds for k in _WORK_ACTIVITIES):  # torch labels activities: keep kernels, copies, fills
-            device = [e for e in device if getattr(e, "activity_type", None) in _WORK_ACTIVITIES]
-        chosen = device
-    else:  # no device: the time spent inside aten ops
-        kinds = Counter()
+        if any(getattr(e, "activity_type", None) in _WORK_ACTIVITIES for e in chosen):
+            chosen = [e for e in chosen if e.activity_type in _WORK_ACTIVITIES]
+    else:
         chosen = [e for e in events if e.name.startswith("aten::")]
-    spans = sorted((r.start, r.end, (mode, int(bs), int(k))) for (mode, bs, k), r in markers)
     starts = [span[0] for span in spans]
     windows = {span[2]: Window() for span in spans}
-    attributed = 0
     for e in chosen:
         t = (e.time_range.start + e.time_range.end) / 2
         i = bisect_right(starts, t) - 1
@@ -164,5 +137,4 @@ def attribute(events: Any, cuda: bool) -> tuple[dict[tuple[str, int, int], Windo
         window.ids.add(e.id)
         window.first_start = min(window.first_start, e.time_range.start)
         window.last_end = max(window.last_end, e.time_range.end)
-        attributed += 1
-    return windows, {"activity_types": dict(kinds), "used": len(chosen), "attributed_to_steps": attributed}
+    return windows

@@ -138,119 +138,73 @@ def targets(result: BenchResult, small_batch: int = 16, baseline: BenchResult | 
     """The latency targets, from whichever of their modes the result has. ``baseline``: a run from before
     the fused kernels, whose FULL step the compiled FULL step is held against."""
     found = []
-    compiled = _medians(result, "compiled_full")
-    if compiled and _medians(result, "full"):
-        worst = _worst(_ratios(compiled, _medians(result, "full"), small_batch))
+    compiled, eager = _medians(result, "compiled_full"), _medians(result, "none")
+    for other, name, goal, up_to in (
+        ("full", "compiled FULL / FULL", f"<= 0.6 at batch <= {small_batch}", small_batch),
+        ("reduce_overhead", 'compiled FULL / torch.compile "reduce-overhead"', "<= 1.0 at every batch", None),
+    ):
+        worst = _worst(_ratios(compiled, _medians(result, other), up_to))
         if worst is not None:
-            found.append(
-                Target(
-                    "compiled FULL / FULL",
-                    "<= 0.6 at batch <= 16",
-                    worst[1],
-                    worst[1] <= 0.6,
-                    f"worst at batch {worst[0]}",
-                )
-            )
-    if compiled and _medians(result, "reduce_overhead"):
-        worst = _worst(_ratios(compiled, _medians(result, "reduce_overhead"), None))
-        if worst is not None:
-            found.append(
-                Target(
-                    'compiled FULL / torch.compile "reduce-overhead"',
-                    "<= 1.0 at every batch",
-                    worst[1],
-                    worst[1] <= 1.0,
-                    f"worst at batch {worst[0]}",
-                )
-            )
-    eager = _medians(result, "none")
-    first = min(compiled) if compiled else None
-    if first is not None and first in eager:
+            found.append(_target(name, goal, worst[1], f"worst at batch {worst[0]}"))
+    first = min(compiled, default=None)
+    if first in eager:
         ratio = round(eager[first] / compiled[first], 3)
+        detail = f"{eager[first]:.0f} us over {compiled[first]:.0f} us"
+        found.append(_target("eager / compiled FULL", f">= 8 at batch {first}", ratio, detail))
+    full = [
+        r for r in result.rows if r["mode"] == "full" and r["batch_size"] <= small_batch and r["kernel_floor_us"] > 0
+    ]
+    worst = _worst({r["batch_size"]: round(r["median_us"] / r["kernel_floor_us"], 3) for r in full})
+    if worst is not None:
         found.append(
-            Target(
-                "eager / compiled FULL",
-                f">= 8 at batch {first}",
-                ratio,
-                ratio >= 8,
-                f"{eager[first]:.0f} us over {compiled[first]:.0f} us",
-            )
-        )
-    return found + _fused_kernel_targets(result, small_batch, baseline)
-
-
-def _fused_kernel_targets(result: BenchResult, small_batch: int, baseline: BenchResult | None) -> list[Target]:
-    """The targets set for one fused kernel per attention-like op (Triton), at the smallest batch of the
-    compiled FULL rows and over the FULL rows up to ``small_batch``."""
-    found = []
-    full = {r["batch_size"]: r for r in result.rows if r["mode"] == "full" and r["batch_size"] <= small_batch}
-    floor = _worst(
-        {b: round(r["median_us"] / r["kernel_floor_us"], 3) for b, r in full.items() if r["kernel_floor_us"] > 0}
-    )
-    if floor is not None:
-        found.append(
-            Target(
+            _target(
                 "FULL replay / kernel floor",
                 f"<= 1.2 at batch <= {small_batch}",
-                floor[1],
-                floor[1] <= 1.2,
-                f"worst at batch {floor[0]}",
+                worst[1],
+                f"worst at batch {worst[0]}",
             )
         )
-    reads_all = [r for r in result.rows if r.get("attn_key_range", 0) >= result.config.get("max_model_len", math.inf)]
     if result.rows and "attn_key_range" in result.rows[0]:
+        limit = result.config.get("max_model_len", math.inf)
+        reads_all = sorted({r["mode"] for r in result.rows if r.get("attn_key_range", 0) >= limit})
+        count = sum(r.get("attn_key_range", 0) >= limit for r in result.rows)
+        detail = ", ".join(reads_all) or "every row reads the live keys"
         found.append(
             Target(
                 "rows whose attention reads max_model_len keys",
                 "0 (live keys only, every mode)",
-                len(reads_all),
-                not reads_all,
-                ", ".join(sorted({r["mode"] for r in reads_all})) or "every row reads the live keys",
+                count,
+                not count,
+                detail,
             )
         )
-    compiled = {r["batch_size"]: r for r in result.rows if r["mode"] == "compiled_full"}
-    if not compiled:
+    if first is None:
         return found
-    first = min(compiled)
-    row = compiled[first]
-    found.append(
-        Target(
-            "compiled FULL step",
-            f"<= 300 us at batch {first}",
-            row["median_us"],
-            row["median_us"] <= 300,
-            f"{row['median_us']:.0f} us",
-        )
-    )
-    if not math.isnan(row.get("kernels", math.nan)):
+    row = next(r for r in result.rows if (r["mode"], r["batch_size"]) == ("compiled_full", first))
+    median, kernels, roof = row["median_us"], row.get("kernels", math.nan), result.environment.get("roofline_us")
+    found.append(_target("compiled FULL step", f"<= 300 us at batch {first}", median, f"{median:.0f} us"))
+    if not math.isnan(kernels):
         found.append(
-            Target(
-                "kernels per compiled FULL step",
-                f"<= 100 at batch {first}",
-                row["kernels"],
-                row["kernels"] <= 100,
-                f"{_count(row['kernels'])} kernels",
-            )
+            _target("kernels per compiled FULL step", f"<= 100 at batch {first}", kernels, f"{_count(kernels)} kernels")
         )
-    roof = result.environment.get("roofline_us")
     if roof:
-        ratio = round(row["median_us"] / roof, 3)
         found.append(
-            Target("compiled FULL / roofline", f"<= 8 at batch {first}", ratio, ratio <= 8, f"roofline {roof:.1f} us")
+            _target(
+                "compiled FULL / roofline", f"<= 8 at batch {first}", round(median / roof, 3), f"roofline {roof:.1f} us"
+            )
         )
     before = _medians(baseline, "full").get(first) if baseline is not None else None
     if before:
-        ratio = round(row["median_us"] / before, 3)
-        found.append(
-            Target(
-                "compiled FULL / the FULL step before the fused kernels",
-                f"<= 0.4 at batch {first}",
-                ratio,
-                ratio <= 0.4,
-                f"{row['median_us']:.0f} us over {before:.0f} us",
-            )
-        )
+        name = "compiled FULL / the FULL step before the fused kernels"
+        detail = f"{median:.0f} us over {before:.0f} us"
+        found.append(_target(name, f"<= 0.4 at batch {first}", round(median / before, 3), detail))
     return found
+
+
+def _target(name: str, goal: str, measured: float, detail: str) -> Target:
+    """A target whose ``goal`` begins with its bound, ``"<= 0.6 ..."`` or ``">= 8 ..."``."""
+    sign, bound = goal.split()[:2]
+    return Target(name, goal, measured, measured <= float(bound) if sign == "<=" else measured >= float(bound), detail)
 
 
 def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target]:
@@ -260,15 +214,8 @@ def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target
     except KeyError:
         return []
     total = round(row["compile_s"] + row["capture_s"], 3)
-    return [
-        Target(
-            "compiled FULL_AND_PIECEWISE start-up (compile + capture)",
-            f"<= {seconds:g} s",
-            total,
-            total <= seconds,
-            f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, capture {row['capture_s']:.1f} s",
-        )
-    ]
+    detail = f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, capture {row['capture_s']:.1f} s"
+    return [_target("compiled FULL_AND_PIECEWISE start-up (compile + capture)", f"<= {seconds:g} s", total, detail)]
 
 
 def _medians(result: BenchResult, mode: str) -> dict[int, float]:
