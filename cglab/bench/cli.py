@@ -1,8 +1,5 @@
 """``python -m cglab bench`` and ``startup``: the measurement commands' options, and how they run.
-
-The options are parsed before torch is imported (``cglab.cli``), so this module imports no torch
-at the top: the commands import the benchmark when they run.
-"""
+The options are parsed before torch is imported, so the commands import the benchmark when they run."""
 
 from __future__ import annotations
 
@@ -60,7 +57,6 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
             f"{PROG} bench --quick --modes none,full --batch-sizes 1,8 --out bench-two --force",
             "two row kinds at two batch sizes, overwriting an earlier pair",
         ),
-        (f"{PROG} bench --device cuda --out bench-gpu", "the whole ladder on a GPU (minutes)"),
     )
     _add_common_options(p, "a small CPU-sized run that ends in seconds")
     p.add_argument(
@@ -98,10 +94,6 @@ def add_startup(sub: argparse._SubParsersAction) -> None:
         (
             f"{PROG} startup --quick --flavors breakable --out startup-breakable --force",
             "the breakable flavor only, overwriting an earlier pair",
-        ),
-        (
-            f"{PROG} startup --device cuda --policies full_and_piecewise --out startup-gpu",
-            "vLLM's default policy on a GPU, both flavors",
         ),
     )
     _add_common_options(p, "a small CPU-sized run: FULL_AND_PIECEWISE compiled, capture sizes to 8")

@@ -1,14 +1,10 @@
 """The peer: what a user would pick instead of an engine's graphs, ``torch.compile(mode="reduce-overhead")``.
 
-Inductor compiles the model and PyTorch's own CUDA graph trees record one graph per input shape
-and replay it. The engine around it is the same as for every other row (buffers, requests,
-metadata written in place), in mode NONE: the engine captures nothing, torch does. Its metadata is
-capture-safe, as for FULL, so its attention reads the same key range as FULL's and the two do the
-same work.
-
-The peer records all of its graphs before any engine runner is built: whenever the graph trees
-record, they clear cuBLAS's workspaces (so that the new graph's workspace lives in their own pool),
-and a graph an engine had captured before would go on using the freed workspace.
+Inductor compiles the model and PyTorch's CUDA graph trees record one graph per input shape. The
+engine around it is the same as for every other row, in mode NONE: the engine captures nothing, torch
+does. Its metadata is capture-safe, as for FULL, so the two read the same key range. The peer records
+all its graphs before any engine runner is built: the graph trees clear cuBLAS's workspaces when they
+record, and a graph an engine had captured before would go on using the freed workspace.
 """
 
 from __future__ import annotations
@@ -25,11 +21,8 @@ __all__ = ["ReduceOverheadForward", "capture_safe", "cudagraph_skips", "record_p
 
 
 class ReduceOverheadForward:
-    """``model`` called through ``torch.compile(mode="reduce-overhead")``; one call is one step.
-
-    Each call first tells the graph trees that a new step begins: the previous step's outputs are
-    done with, so its graph's memory may be reused (the documented way for inference loops).
-    """
+    """``model`` through ``torch.compile(mode="reduce-overhead")``. Each call tells the graph trees that a
+    new step begins, so the previous step's memory may be reused (the documented way for inference)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._compiled = torch.compile(fresh_forward(model), mode="reduce-overhead")
@@ -40,10 +33,8 @@ class ReduceOverheadForward:
 
 
 def capture_safe(runner: ModelRunner, prepared: PreparedStep) -> PreparedStep:
-    """``prepared`` with capture-safe metadata (``for_capture=True``), rebuilt in the same buffers.
-
-    A graph of torch's freezes its host-side sizes as ours do: it must see the whole key range.
-    """
+    """``prepared`` with capture-safe metadata rebuilt in the same buffers: a graph of torch's freezes
+    its host-side sizes as ours do, so it must see the whole key range."""
     batch = prepared.input_batch
     block_table = runner.block_tables.block_table[: batch.num_reqs]
     slot_mapping = runner.block_tables.slot_mapping[: batch.num_tokens_after_padding]

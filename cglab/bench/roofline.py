@@ -28,11 +28,8 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def measure_bandwidth(device: torch.device, megabytes: int | None = None, repeats: int = 10) -> float:
-    """Bytes per second a device-to-device copy moves (each copied byte is read once and written once).
-
-    The best of ``repeats`` copies: the bandwidth is a ceiling, and a slower copy only measured a
-    disturbance. The buffer (1 GiB on a GPU, 256 MiB on a CPU by default) is far larger than any cache.
-    """
+    """Bytes per second a device-to-device copy moves (each byte read and written once): the best of
+    ``repeats`` copies of a buffer far larger than any cache (1 GiB on a GPU, 256 MiB on a CPU)."""
     cuda = device.type == "cuda"
     size = (megabytes or (1024 if cuda else 256)) * 2**20
     src = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)

@@ -1,6 +1,5 @@
 """Timing decode steps: CUDA events for device time, the host clock for what a caller waits for,
-and the statistics the results report (median, p10, p90).
-"""
+and the statistics the results report (median, p10, p90)."""
 
 from __future__ import annotations
 
@@ -36,9 +35,7 @@ class Samples:
 
 def stats(values: Sequence[float]) -> tuple[float, float, float]:
     """Median, 10th and 90th percentile, to the nanosecond (as saved, so a result equals its reload).
-
-    The median, not the mean: one descheduled step would drag a mean far from the typical step.
-    """
+    The median, not the mean: one descheduled step would drag a mean far from the typical step."""
     deciles = statistics.quantiles(values, n=10, method="inclusive")
     return round(statistics.median(values), 3), round(deciles[0], 3), round(deciles[-1], 3)
 
@@ -51,12 +48,9 @@ def split(total: int, parts: int) -> list[int]:
 def time_steps(
     runner: ModelRunner, prepared: PreparedStep, rotations: torch.Tensor, warmup: int, repeats: int
 ) -> Samples:
-    """Time ``repeats`` steps of ``prepared``, each from an idle device, after ``warmup`` untimed ones.
-
-    Starting idle means the device time of an eager step includes the gaps in which the GPU waits
-    for the CPU to launch: that is the cost being measured. Token ids are rotated between steps,
-    outside the timed region, so no step re-reads exactly the inputs of the one before.
-    """
+    """Time ``repeats`` steps of ``prepared``, each from an idle device (so an eager step's device time
+    includes the GPU's waits for launches: the cost measured), after ``warmup`` untimed ones. Token ids
+    are rotated between steps, untimed, so no step re-reads exactly the inputs of the one before."""
     cuda = runner.device.type == "cuda"
     input_ids = runner.input_buffers.input_ids[: prepared.num_tokens]
 
