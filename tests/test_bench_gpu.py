@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from cglab.bench import BenchConfig, run_bench
-from cglab.bench.peer import ReduceOverheadForward, capture_safe
-from cglab.bench.run import _prefill
+from cglab.bench.run import ReduceOverheadForward, _prefill, capture_safe
 from cglab.runner import ModelRunner
 
 pytestmark = [

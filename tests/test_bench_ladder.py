@@ -15,12 +15,11 @@ import pytest
 import torch
 
 from cglab.bench import BenchConfig, BenchResult
-from cglab.bench import roofline as roofline_module
-from cglab.bench.peer import capture_safe
+from cglab.bench import environment as roofline_module
+from cglab.bench.environment import measure_bandwidth, roofline, weight_bytes
 from cglab.bench.profiling import without_profiler_log_lines
 from cglab.bench.report import SIM_FLOOR_NOTE, bench_table, kernel_set, kernel_sets_table, ladder, targets
-from cglab.bench.roofline import measure_bandwidth, roofline, weight_bytes
-from cglab.bench.run import build_order
+from cglab.bench.run import build_order, capture_safe
 from cglab.cli import main
 from cglab.config import ToyConfig
 from cglab.errors import ConfigError

@@ -1,11 +1,10 @@
 """The replay-latency benchmark: one decode step (``ModelRunner.execute`` on a batch already in the
 buffers) per row kind (``cglab.bench.modes``) and batch size, and the start-up cost (``startup``).
 
-Columns: the median with CUDA events on a GPU, the host clock everywhere (on the CPU simulator it
-says nothing about GPU speed); the *kernel floor*, the summed kernel time of a step under the
-profiler (what it would cost if launching were free; on a CPU no floor); the *kernel span*, first
-kernel start to last kernel end; *launches*, host submissions per step (one per eager kernel or
-graph segment; ``counted_launches`` counts them structurally on every backend).
+Columns: the median with CUDA events on a GPU, the host clock on the CPU simulator (no GPU speed);
+``enqueue``, host time until ``execute`` returns; the *kernel floor*, the summed kernel time of a step
+under the profiler (its cost if launching were free; on a CPU no floor); *launches*, host submissions
+per step (one per eager kernel or graph segment; ``counted_launches`` counts them structurally).
 """
 
 from __future__ import annotations

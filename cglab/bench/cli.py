@@ -20,8 +20,7 @@ from cglab.kernels import KERNEL_SETS
 
 
 def _model_defaults(name: str) -> str:
-    """``"default 1024 (--quick: 32)"``: the benchmark's model, which bench and startup both start from
-    (``BenchConfig``; its quick preset with ``--quick``), for the help of an option that overrides it."""
+    """``"default 1024 (--quick: 32)"``: an option's default in ``BenchConfig`` and its quick preset."""
     full, quick = (getattr(config, name) for config in (BenchConfig, BenchConfig.quick_preset()))
     full, quick = (",".join(map(str, v)) if isinstance(v, tuple) else v for v in (full, quick))
     return f"default {full}" if full == quick else f"default {full} (--quick: {quick})"
@@ -52,18 +51,13 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "Measure one decode step's latency per row kind (eager, PIECEWISE, FULL, compiled, torch's "
         "reduce-overhead) and batch size; write OUT.csv and OUT.json (the environment). On the CPU "
         "simulator the numbers say nothing about GPU speed.",
-        (f"{PROG} bench --quick --out bench-quick", "the small model, seconds on a CPU"),
-        (
-            f"{PROG} bench --quick --modes none,full --batch-sizes 1,8 --out bench-two --force",
-            "two row kinds at two batch sizes, overwriting an earlier pair",
-        ),
+        (f"{PROG} bench --quick --modes none,full --out bench-two", "two row kinds, the small model, seconds on a CPU"),
     )
     _add_common_options(p, "a small CPU-sized run that ends in seconds")
     p.add_argument(
         "--kernels",
         choices=KERNEL_SETS,
-        help="the custom ops' kernels: triton (the toy's Triton kernels, CUDA only) or aten (their "
-        "readable bodies); default triton on CUDA when triton imports, else aten",
+        help="the custom ops' kernels: triton (CUDA only; the default there) or aten (their readable bodies)",
     )
     p.add_argument(
         "--modes",
@@ -91,10 +85,6 @@ def add_startup(sub: argparse._SubParsersAction) -> None:
         "Start one engine per policy, PIECEWISE flavor and capture path (fixed, legacy) and measure "
         "compile time, warmup and capture time and capture memory; write OUT.csv and OUT.json.",
         (f"{PROG} startup --quick --out startup-quick", "the small model, seconds on a CPU"),
-        (
-            f"{PROG} startup --quick --flavors breakable --out startup-breakable --force",
-            "the breakable flavor only, overwriting an earlier pair",
-        ),
     )
     _add_common_options(p, "a small CPU-sized run: FULL_AND_PIECEWISE compiled, capture sizes to 8")
     p.add_argument(
@@ -126,7 +116,17 @@ def _run_bench(args: argparse.Namespace) -> int:
     csv_path, json_path = _save(save_results, result, args)
     _warn_if_off(result.environment.get("max_abs_diff_vs_eager", {}), config.dtype)
     if args.json:
-        print_saved(dumps({**result.summary(), "csv": str(csv_path), "json": str(json_path)}))
+        print_saved(
+            dumps(
+                {
+                    "backend": result.backend,
+                    "device_name": result.device_name,
+                    "rows": result.rows,
+                    "csv": str(csv_path),
+                    "json": str(json_path),
+                }
+            )
+        )
         return 0
     sim = "\n  CPU simulator of CUDA graphs: semantics only, not GPU speed" if result.backend == "sim" else ""
     print_saved(
@@ -137,8 +137,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _warn_if_off(diffs: dict[str, float], dtype: str) -> None:
-    """One line on stderr if a row's logits differ from eager's beyond rounding (NaN included): such a
-    row times another computation, not a faster way to run the same step."""
+    """One line on stderr if a row's logits differ from eager's beyond rounding (NaN included)."""
     from cglab.repro import tolerance
 
     off = [f"{mode} ({diff:.3g})" for mode, diff in diffs.items() if exceeds(diff, tolerance(dtype))]
@@ -171,8 +170,7 @@ def _run_startup(args: argparse.Namespace) -> int:
 
 
 def _save(save: Callable[..., tuple[Path, Path]], result: Any, args: argparse.Namespace) -> tuple[Path, Path]:
-    """Save at ``--out``, or keep the result elsewhere (``save_or_keep``), or at least print it: minutes
-    of measuring must not be lost to their last step."""
+    """Save at ``--out``, or elsewhere (``save_or_keep``), or at least print it: never lose the measurements."""
     from cglab.bench.files import save_or_keep
 
     try:

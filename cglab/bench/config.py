@@ -1,5 +1,4 @@
-"""What a benchmark run measures (``BenchConfig``). The model's sizes are checked by ``ToyConfig``; this
-module checks only what the benchmark adds (row kinds, batch sizes, step counts)."""
+"""What a benchmark run measures (``BenchConfig``); ``ToyConfig`` checks the model's sizes."""
 
 from __future__ import annotations
 
@@ -11,15 +10,9 @@ from cglab.config import ToyConfig, check_int, check_no_empty_item
 from cglab.errors import ConfigError
 from cglab.kernels import check_kernels
 
-__all__ = ["QUICK_MODEL", "BenchConfig", "ModelOptions", "check_at_least", "choose_names", "toy_dict"]
+__all__ = ["QUICK_MODEL", "BenchConfig", "ModelOptions", "choose_names", "toy_dict"]
 
 BLOCK_SIZE = 4
-
-
-def check_at_least(*checks: tuple[str, object, int]) -> None:
-    """Each ``(name, value, lowest)``: an integer of at least ``lowest``, else one ConfigError naming it."""
-    for name, value, low in checks:
-        check_int(name, value, low)
 
 
 def choose_names(name: str, values: object, valid: tuple[str, ...]) -> tuple[str, ...]:
@@ -66,7 +59,7 @@ class ModelOptions:
             max_num_batched_tokens=tokens,
         )
 
-    def toy_config(self) -> ToyConfig:
+    def toy_config(self) -> ToyConfig:  # each benchmark sizes the caches for its run
         raise NotImplementedError
 
 
@@ -77,8 +70,8 @@ QUICK_MODEL = dict(layers="sconv,attn,compressor,attn", hidden_size=32, num_head
 @dataclass(frozen=True)
 class BenchConfig(ModelOptions):
     """What to measure. ``modes=None``: every row kind the device can measure. ``max_model_len`` is small
-    on purpose: the toy's FULL attention reads that many keys with the aten kernels (a toy artefact),
-    which would make the gather the story. Capture sizes equal the batch sizes: no padding is timed."""
+    because the aten attention of FULL reads that many keys (a toy artefact). Capture sizes equal the
+    batch sizes: no padding is timed."""
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     modes: tuple[str, ...] | None = None
@@ -92,13 +85,14 @@ class BenchConfig(ModelOptions):
         sizes = self.batch_sizes
         if not isinstance(sizes, (list, tuple)) or not sizes:
             raise ConfigError(f"batch_sizes must be a non-empty list of positive integers, got {sizes!r}")
-        check_at_least(
+        for name, value, low in (
             *(("every batch size", b, 1) for b in sizes),
             ("repeats", self.repeats, 5),  # deciles need samples
             ("warmup", self.warmup, 0),
             ("profile_steps", self.profile_steps, 1),
             ("prompt_len", self.prompt_len, 1),
-        )
+        ):
+            check_int(name, value, low)
         check_int("max_model_len (the timed step adds a token to prompt_len)", self.max_model_len, self.prompt_len + 1)
         device_type = str(self.device).split(":")[0]
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
@@ -114,8 +108,8 @@ class BenchConfig(ModelOptions):
 
     @classmethod
     def live_preset(cls, device: str) -> BenchConfig:
-        """Notebook 05's live run, under half a minute: on a GPU the plain model's three rungs at batch
-        1, 16 and 128 (13 s on an H200), on a CPU the quick preset at batch 1 and 8."""
+        """Notebook 05's live run, under half a minute: on a GPU three rungs at batch 1, 16 and 128, on a
+        CPU the quick preset at batch 1 and 8."""
         if str(device).split(":")[0] == "cuda":
             plain = ("none", "piecewise", "full")
             return cls(device=device, batch_sizes=(1, 16, 128), modes=plain, repeats=50, warmup=5, profile_steps=1)
@@ -128,7 +122,6 @@ class BenchConfig(ModelOptions):
 
 
 def _parse_modes(modes: object, device_type: str) -> tuple[str, ...]:
-    """Row kinds in ladder order; ``None``: every one the device can measure."""
     if modes is None:
         return available_modes(device_type)
     chosen = choose_names("modes", modes, MODE_NAMES)

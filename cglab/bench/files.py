@@ -1,6 +1,6 @@
 """Results on disk: ``PATH.csv`` (one row per measurement) and ``PATH.json`` (the format, the environment
-and the config that produced them). Nothing is written over a result without ``force``, and a pair that
-cannot be saved where asked is kept under another name (``save_or_keep``)."""
+and the config). Nothing is written over a result without ``force``; a pair that cannot be saved where
+asked is kept under another name (``save_or_keep``)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,13 @@ __all__ = [
     "BenchResult",
     "check_output",
     "load_results",
-    "read_pair",
     "save_or_keep",
-    "save_pair",
     "save_results",
 ]
 
 CSV_COLUMNS = ("mode", "batch_size", "median_us", "p10_us", "p90_us", "kernel_floor_us", "launches", "backend")
 EXTRA_COLUMNS = (
-    "host_median_us",
-    "host_p10_us",
-    "host_p90_us",
     "enqueue_median_us",
-    "kernel_span_us",
     "kernels",
     "counted_launches",
     "graph_segments",
@@ -49,16 +43,12 @@ EXTRA_COLUMNS = (
 _TEXT = frozenset({"mode", "backend", "policy", "flavor", "path"})
 _WHOLE = frozenset({"batch_size", "kernels", "launches", "counted_launches", "graph_segments", "eager_breaks"})
 _WHOLE |= {"attn_key_range", "repeats", "graphs"}
-_NEVER_NAN = frozenset({"batch_size", "median_us", "p10_us", "p90_us"})  # nan elsewhere: not measured or counted
-_SIGNED = frozenset({"memory_mib"})  # a difference of two readings
 # /2 added the compiled rows, the peer and the roofline; /1 files (three modes) still read.
 FORMAT = "cglab-bench/2"
 
 
 @dataclass
 class BenchResult:
-    """Rows (dicts keyed by ``CSV_COLUMNS`` then ``EXTRA_COLUMNS``), the environment and the config."""
-
     rows: list[dict[str, Any]]
     environment: dict[str, Any]
     config: dict[str, Any]
@@ -77,12 +67,8 @@ class BenchResult:
         return [m for m in MODE_NAMES if m in present]
 
     def series(self, mode: str, column: str) -> tuple[list[int], list[float]]:
-        """Batch sizes and one column's values for ``mode``, in batch-size order."""
         rows = sorted((r for r in self.rows if r["mode"] == mode), key=lambda r: r["batch_size"])
         return [r["batch_size"] for r in rows], [float(r[column]) for r in rows]
-
-    def summary(self) -> dict[str, Any]:
-        return {"backend": self.backend, "device_name": self.device_name, "rows": self.rows}
 
 
 def result_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -96,7 +82,7 @@ def result_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
 
 
 def check_output(path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
-    """The pair's paths; a ConfigError if one exists and ``force`` is off (checked again when saving)."""
+    """The pair's paths; a ConfigError if one exists and ``force`` is off."""
     paths = result_paths(path)
     existing = [p for p in paths if p.exists()]
     if existing and not force:
@@ -110,21 +96,19 @@ def check_output(path: str | os.PathLike[str], force: bool = False) -> tuple[Pat
 def save_results(result: BenchResult, path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
     """Write a benchmark result as ``PATH.csv`` and ``PATH.json`` (see ``save_pair``)."""
     columns = [*CSV_COLUMNS, *(c for c in EXTRA_COLUMNS if any(c in r for r in result.rows))]
-    sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config, "columns": columns}
-    return save_pair(path, result.rows, columns, sidecar, force)
+    return save_pair(path, FORMAT, result, columns, force)
 
 
 @termination_deferred()
 def save_pair(
-    path: str | os.PathLike[str],
-    rows: list[dict[str, Any]],
-    columns: list[str],
-    sidecar: dict[str, Any],
-    force: bool = False,
+    path: str | os.PathLike[str], form: str, result: Any, columns: list[str], force: bool
 ) -> tuple[Path, Path]:
-    """Write ``rows`` as ``PATH.csv`` and ``sidecar`` as ``PATH.json``, whole or not at all: each goes to a
-    temporary file beside its target and is renamed over it once both are written; if the second
-    rename fails (or Ctrl-C), the first target gets its old bytes back. SIGTERM and SIGHUP wait."""
+    """Write ``result.rows`` as ``PATH.csv`` and the format, environment and config as ``PATH.json``, whole
+    or not at all: each goes to a temporary file beside its target and is renamed over it once both are
+    written; if the second rename fails (or Ctrl-C), the first target gets its old bytes back. SIGTERM and
+    SIGHUP wait."""
+    sidecar = {"format": form, "environment": result.environment, "config": result.config, "columns": columns}
+    rows = result.rows
     targets = check_output(path, force)
     targets[0].parent.mkdir(parents=True, exist_ok=True)
     old = {t: t.read_bytes() for t in targets if t.is_file()}
@@ -156,9 +140,9 @@ def save_pair(
 def save_or_keep(
     save: Callable[[str | os.PathLike[str], bool], tuple[Path, Path]], path: str | os.PathLike[str], force: bool = False
 ) -> tuple[Path, Path]:
-    """``save(path, force)``; if that fails (a full disk, a result that appeared meanwhile), the same save
-    as ``NAME-unsaved-DATE-TIME`` beside ``path``, else in the temporary folder, never over a file, and
-    a ``NotSavedError`` that says where it went: a finished measurement is never lost to its last step."""
+    """``save(path, force)``; if that fails (a full disk, a result that appeared meanwhile), the same save as
+    ``NAME-unsaved-DATE-TIME`` beside ``path``, else in the temporary folder, and a ``NotSavedError``
+    that says where: a finished measurement is never lost to its last step."""
     try:
         return save(path, force)
     except (OSError, ConfigError) as exc:
@@ -188,18 +172,8 @@ def _format(value: Any) -> str:
 
 
 def load_results(path: str | os.PathLike[str]) -> BenchResult:
-    """Read ``PATH.csv`` and ``PATH.json`` back (``PATH`` with or without either suffix); a damaged pair
-    (rows other than the JSON's config measured, a timing out of range) is refused."""
-
-    def check(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
-        modes, sizes = config["modes"], config["batch_sizes"]
-        if sorted((r["mode"], r["batch_size"]) for r in rows) != sorted((m, b) for m in modes for b in sizes):
-            raise ValueError(
-                f"its {len(rows)} rows are not the {len(modes) * len(sizes)} its JSON's config measured "
-                f"({len(modes)} modes x {len(sizes)} batch sizes, each once)"
-            )
-
-    rows, sidecar = read_pair(path, CSV_COLUMNS, ("cglab-bench/1", FORMAT), "python -m cglab bench", check)
+    """Read ``PATH.csv`` and ``PATH.json`` back (``PATH`` with or without either suffix)."""
+    rows, sidecar = read_pair(path, CSV_COLUMNS, ("cglab-bench/1", FORMAT), "python -m cglab bench")
     return BenchResult(rows, sidecar["environment"], sidecar["config"])
 
 
@@ -208,11 +182,9 @@ def read_pair(
     columns: tuple[str, ...],
     formats: tuple[str, ...],
     command: str,
-    check: Callable[[list[dict[str, Any]], dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows (numbers parsed) and the sidecar of the pair at ``path``. A missing file or column, a
-    sidecar of another format, a number out of range or a failed ``check(rows, config)`` is one
-    ConfigError that says how to record the pair again with ``command``."""
+    """The rows (numbers parsed) and the sidecar of the pair at ``path``. A missing file or column or
+    another format is one ConfigError that says how to record it again with ``command``."""
     csv_path, json_path = result_paths(path)
     base = csv_path.with_suffix("")
     for p in (csv_path, json_path):
@@ -230,28 +202,17 @@ def read_pair(
             raise ValueError(f"{json_path.name} is not a {formats[-1]} sidecar")
         if not rows:
             raise ValueError("the CSV has no rows, only a header")
-        if check is not None:
-            check(rows, sidecar["config"])
         return rows, sidecar
     except (ValueError, KeyError, TypeError, csv.Error) as exc:
         raise ConfigError(f"{base} is not a usable result: {exc}; re-record it with `{command} --out {base}`") from None
 
 
 def _parse_row(line: int, row: dict[str | None, str | None]) -> dict[str, Any]:
-    parsed: dict[str, Any] = {}
-    for column, text in row.items():
-        if column is None or text is None:
-            raise ValueError(f"line {line}: a row has a different number of fields than the header")
-        if column in _TEXT:
-            parsed[column] = text
-            continue
-        value = float(text)
-        whole = column in _WHOLE
-        if math.isnan(value) and column not in _NEVER_NAN:
-            parsed[column] = value
-        elif not math.isfinite(value) or (value < 0 and column not in _SIGNED) or (whole and not value.is_integer()):
-            kind = "whole" if whole else "finite"
-            raise ValueError(f"line {line}: {column} must be a {kind} number >= 0, got {text!r}")
-        else:
-            parsed[column] = int(value) if whole else value
-    return parsed
+    if None in row or None in row.values():
+        raise ValueError(f"line {line}: a row has a different number of fields than the header")
+    return {column: text if column in _TEXT else _number(column, float(text)) for column, text in row.items()}
+
+
+def _number(column: str, value: float) -> float | int:
+    """A count as an int; nan stays (a count nobody could take, as the peer's structure)."""
+    return int(value) if column in _WHOLE and math.isfinite(value) else value

@@ -1,24 +1,19 @@
-"""What the benchmark can measure: one row kind per way of running a decode step, the ladder from
-eager to compiled FULL, plus the peer a user would pick instead of an engine.
-
-A row's ``mode`` column holds the name. The first three run the uncompiled model (PIECEWISE is the
-breakable flavor); the compiled rows run it through torch.compile split at attention (vLLM's default,
-inductor on a GPU); ``reduce_overhead`` is the same model under ``torch.compile(mode="reduce-overhead")``:
-inductor plus PyTorch's own CUDA graph trees, no engine graphs at all (CUDA only).
-"""
+"""What the benchmark can measure: one row kind (a row's ``mode``) per way of running a decode step,
+the ladder from eager to compiled FULL, plus the peer a user would pick instead of an engine's graphs.
+Compiled rows use inductor on a GPU (``bench_compilation``)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 
-__all__ = ["BENCH_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "available_modes", "bench_compiler"]
+__all__ = ["BENCH_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "available_modes", "bench_compilation"]
 
 
 class BenchMode(NamedTuple):
-    """One row kind: the mode the engine dispatches the step to (the peer: NONE, torch captures), how
-    the model runs ("plain", "compiled" or "reduce-overhead"), a short label and a description."""
+    """One row kind: the engine's mode (the peer: NONE, torch captures) and how the model runs."""
 
     cg_mode: CUDAGraphMode
     flavor: str
@@ -26,32 +21,20 @@ class BenchMode(NamedTuple):
     description: str
 
 
+_NONE, _PIECEWISE, _FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
 BENCH_MODES = {
-    "none": BenchMode(CUDAGraphMode.NONE, "plain", "eager (NONE)", "the plain model, run eagerly"),
+    "none": BenchMode(_NONE, "plain", "eager (NONE)", "the plain model, run eagerly"),
     "piecewise": BenchMode(
-        CUDAGraphMode.PIECEWISE,
-        "plain",
-        "PIECEWISE",
-        "the plain model, breakable PIECEWISE: graph segments between attention's eager breaks",
+        _PIECEWISE, "plain", "PIECEWISE", "the plain model, breakable: segments between eager breaks"
     ),
-    "full": BenchMode(CUDAGraphMode.FULL, "plain", "FULL", "the plain model, one FULL graph"),
-    "compiled_piecewise": BenchMode(
-        CUDAGraphMode.PIECEWISE,
-        "compiled",
-        "compiled PIECEWISE",
-        "torch.compile split at attention (inductor on a GPU), one graph per piece",
-    ),
-    "compiled_full": BenchMode(
-        CUDAGraphMode.FULL,
-        "compiled",
-        "compiled FULL",
-        "torch.compile (inductor on a GPU), one FULL graph of the compiled forward",
-    ),
+    "full": BenchMode(_FULL, "plain", "FULL", "the plain model, one FULL graph"),
+    "compiled_piecewise": BenchMode(_PIECEWISE, "compiled", "compiled PIECEWISE", "torch.compile split at attention"),
+    "compiled_full": BenchMode(_FULL, "compiled", "compiled FULL", "torch.compile, one FULL graph of the forward"),
     "reduce_overhead": BenchMode(
-        CUDAGraphMode.NONE,
+        _NONE,
         "reduce-overhead",
         'torch.compile "reduce-overhead"',
-        'torch.compile(mode="reduce-overhead"): inductor and torch\'s CUDA graph trees; the engine captures nothing',
+        "inductor and torch's CUDA graph trees, no engine graph",
     ),
 }
 MODE_NAMES = tuple(BENCH_MODES)
@@ -64,7 +47,16 @@ def available_modes(device_type: str) -> tuple[str, ...]:
     return tuple(m for m, kind in BENCH_MODES.items() if device_type == "cuda" or kind.flavor != "reduce-overhead")
 
 
-def bench_compiler(device_type: str) -> str:
-    """How the benchmarks compile: vLLM's inductor on CUDA, whatever ``$CGLAB_COMPILE_BACKEND`` says
-    for the lessons, so a compiled row always measures what its description promises."""
-    return "inductor" if device_type == "cuda" else "eager"
+def bench_compilation(
+    mode: str | CUDAGraphMode, capture_sizes: tuple[int, ...], device_type: str, breakable: bool, legacy: bool = False
+) -> CompilationConfig:
+    """How both benchmarks build an engine: compiled by vLLM's inductor on CUDA, whatever
+    ``$CGLAB_COMPILE_BACKEND`` says for the lessons; the address check (a debugging aid) off, untimed."""
+    return CompilationConfig(
+        mode,
+        capture_sizes,
+        use_breakable_cg=breakable,
+        legacy_skip_attn=legacy,
+        backend="inductor" if device_type == "cuda" else "eager",
+        check_addresses=False,
+    )

@@ -1,12 +1,8 @@
-"""The profiler's view of a step: its kernel floor, kernel span, kernels and launches.
-
-Each profiled step runs inside a named range and ends with a synchronisation, so every device
-event lies inside its step's range on the shared timeline: events are attributed by their midpoint.
-"""
+"""The profiler's view of a step: its kernel floor, kernels and launches. Each profiled step runs in a
+named range and ends with a synchronisation, so each event is its step's by its midpoint."""
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
@@ -27,8 +23,8 @@ _WORK_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 @contextmanager
 def without_profiler_log_lines() -> Iterator[None]:
-    """Drop the ``USDT:`` log lines torch's profiler (kineto) writes from C++ to file descriptor 2 as it
-    starts and stops, and pass every other line through: fd 2 points at a temporary file meanwhile."""
+    """Drop the ``USDT:`` lines torch's profiler writes to file descriptor 2 as it starts and stops (they
+    would land in the CLI's stderr and a notebook's output), and pass every other line through."""
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
         sys.stderr.flush()
@@ -50,9 +46,6 @@ class Window:
     time_us: float = 0.0
     events: int = 0
     ids: set[int] = field(default_factory=set)  # CUDA correlation ids: one per host launch
-    # First start to last end: the floor plus the device's idle gaps between kernels.
-    first_start: float = math.inf
-    last_end: float = -math.inf
 
 
 def profile_steps(
@@ -60,15 +53,10 @@ def profile_steps(
     rows: list[dict[str, Any]],
     profile_steps: int,
     cuda: bool,
-    environment: dict[str, Any],
 ) -> None:
-    """Fill each row's ``kernel_floor_us`` and ``kernel_span_us`` (on a GPU also ``launches`` and
-    ``kernels``) from one profiler session over ``profile_steps`` runs of each row's step.
-
-    ``prepare(mode, batch_size)`` writes the row's batch into its runner's buffers and returns a
-    function that runs the step once. The first run after a prepare is not profiled (it follows other
-    work). Per-step values are medians over the profiled runs.
-    """
+    """Fill each row's ``kernel_floor_us`` (on a GPU also ``launches`` and ``kernels``): the median over
+    ``profile_steps`` profiled runs of the function ``prepare(mode, batch_size)`` returns, after one
+    unprofiled run. A row in which a GPU's profiler saw nothing keeps nan and the structural counts."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
@@ -89,22 +77,14 @@ def profile_steps(
         with without_profiler_log_lines():
             prof.stop()
     windows = attribute(prof.events(), cuda)
-    unseen = 0
     for row in rows:
         per_step = [windows.get((row["mode"], row["batch_size"], k), Window()) for k in range(profile_steps)]
         if cuda and not all(w.events for w in per_step):
-            unseen += 1  # keep the structural counts; a zero floor would be a lie
-            continue
+            continue  # a zero floor would be a lie
         row["kernel_floor_us"] = round(statistics.median(w.time_us for w in per_step), 3)
-        row["kernel_span_us"] = round(statistics.median(w.last_end - w.first_start for w in per_step), 3)
         if cuda:
             row["kernels"] = round(statistics.median(w.events for w in per_step))
             row["launches"] = round(statistics.median(len(w.ids) for w in per_step))
-    if unseen:
-        environment["profiler_note"] = (
-            f"the profiler saw no GPU activity in {unseen} row(s): their "
-            "kernel_floor_us is nan, launches and kernels are the structural counts"
-        )
 
 
 def attribute(events: Any, cuda: bool) -> dict[tuple[str, int, int], Window]:
@@ -135,6 +115,4 @@ def attribute(events: Any, cuda: bool) -> dict[tuple[str, int, int], Window]:
         window.time_us += e.time_range.elapsed_us() if cuda else e.self_cpu_time_total
         window.events += 1
         window.ids.add(e.id)
-        window.first_start = min(window.first_start, e.time_range.start)
-        window.last_end = max(window.last_end, e.time_range.end)
     return windows

@@ -1,8 +1,5 @@
-"""Reading results: the tables the CLI prints, the ladder at one batch size, and the targets we set.
-
-The targets are ours, set before measuring; they are reported as measured, met or not, never asserted
-by a test (speed is a property of a machine, not of the code).
-"""
+"""Reading results: the tables the CLI prints, the ladder at one batch size, and our targets, set before
+measuring and reported as measured, never asserted by a test (speed belongs to a machine, not the code)."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ KERNEL_SET_LABELS = {"aten": "the ops' aten bodies", "triton": "the toy's Triton
 
 
 def kernel_set(result: BenchResult) -> str:
-    """The custom ops' kernels a run used. Runs recorded before ``--kernels`` existed ran the aten
-    bodies, the only kernels there were, and recorded no entry."""
+    """The custom ops' kernels a run used (runs recorded before ``--kernels`` ran the aten bodies)."""
     return result.environment.get("kernels") or "aten"
 
 
@@ -81,8 +77,7 @@ def startup_table(result: StartupResult) -> str:
 
 
 def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
-    """One row per mode at ``batch_size``, in ladder order: latency, launches, kernels, floor, and the
-    speed-up over eager (None without an eager row)."""
+    """One row per mode at ``batch_size``, in ladder order, with its speed-up over eager (None without one)."""
     rows = {r["mode"]: r for r in result.rows if r["batch_size"] == batch_size}
     eager = rows.get("none")
     return [
@@ -100,8 +95,7 @@ def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
 
 
 def kernel_sets_table(before: BenchResult, after: BenchResult, batch_size: int) -> str:
-    """Each mode at ``batch_size`` in two runs side by side (latency, kernels, kernel floor and distance to
-    the roofline), for the modes both have; each run names its kernel set in the header."""
+    """Each mode both runs have at ``batch_size``, side by side: latency, kernels, floor, times the roofline."""
     a, b = ({r["mode"]: r for r in ladder(res, batch_size)} for res in (before, after))
     names = [kernel_set(res) for res in (before, after)]
     roofs = [res.environment.get("roofline_us") or math.nan for res in (before, after)]
@@ -137,73 +131,54 @@ class Target:
 def targets(result: BenchResult, small_batch: int = 16, baseline: BenchResult | None = None) -> list[Target]:
     """The latency targets, from whichever of their modes the result has. ``baseline``: a run from before
     the fused kernels, whose FULL step the compiled FULL step is held against."""
-    found = []
-    compiled, eager = _medians(result, "compiled_full"), _medians(result, "none")
-    for other, name, goal, up_to in (
-        ("full", "compiled FULL / FULL", f"<= 0.6 at batch <= {small_batch}", small_batch),
-        ("reduce_overhead", 'compiled FULL / torch.compile "reduce-overhead"', "<= 1.0 at every batch", None),
-    ):
-        worst = _worst(_ratios(compiled, _medians(result, other), up_to))
-        if worst is not None:
-            found.append(_target(name, goal, worst[1], f"worst at batch {worst[0]}"))
+    compiled, full, eager = (_column(result, mode) for mode in ("compiled_full", "full", "none"))
+    floor = {b: f for b, f in _column(result, "full", "kernel_floor_us").items() if f > 0}
     first = min(compiled, default=None)
-    if first in eager:
-        ratio = round(eager[first] / compiled[first], 3)
-        detail = f"{eager[first]:.0f} us over {compiled[first]:.0f} us"
-        found.append(_target("eager / compiled FULL", f">= 8 at batch {first}", ratio, detail))
-    full = [
-        r for r in result.rows if r["mode"] == "full" and r["batch_size"] <= small_batch and r["kernel_floor_us"] > 0
+    small = f"at batch <= {small_batch}"
+    peer = 'compiled FULL / torch.compile "reduce-overhead"'
+    found = [
+        _worst("compiled FULL / FULL", f"<= 0.6 {small}", compiled, full, small_batch),
+        _worst(peer, "<= 1.0 at every batch", compiled, _column(result, "reduce_overhead")),
     ]
-    worst = _worst({r["batch_size"]: round(r["median_us"] / r["kernel_floor_us"], 3) for r in full})
-    if worst is not None:
-        found.append(
-            _target(
-                "FULL replay / kernel floor",
-                f"<= 1.2 at batch <= {small_batch}",
-                worst[1],
-                f"worst at batch {worst[0]}",
-            )
-        )
+    if first is not None:
+        e, c = eager.get(first, math.nan), compiled[first]
+        found.append(_target("eager / compiled FULL", f">= 8 at batch {first}", e / c, f"{e:.0f} us over {c:.0f} us"))
+    found.append(_worst("FULL replay / kernel floor", f"<= 1.2 {small}", full, floor, small_batch))
     if result.rows and "attn_key_range" in result.rows[0]:
         limit = result.config.get("max_model_len", math.inf)
-        reads_all = sorted({r["mode"] for r in result.rows if r.get("attn_key_range", 0) >= limit})
-        count = sum(r.get("attn_key_range", 0) >= limit for r in result.rows)
-        detail = ", ".join(reads_all) or "every row reads the live keys"
-        found.append(
-            Target(
-                "rows whose attention reads max_model_len keys",
-                "0 (live keys only, every mode)",
-                count,
-                not count,
-                detail,
-            )
+        reads_all = [r["mode"] for r in result.rows if r["attn_key_range"] >= limit]
+        detail = ", ".join(sorted(set(reads_all))) or "every row reads the live keys"
+        name, goal = "rows whose attention reads max_model_len keys", "0 (live keys only, every mode)"
+        found.append(Target(name, goal, len(reads_all), not reads_all, detail))
+    if first is not None:
+        median = compiled[first]
+        kernels = next(r for r in result.rows if (r["mode"], r["batch_size"]) == ("compiled_full", first)).get(
+            "kernels"
         )
-    if first is None:
-        return found
-    row = next(r for r in result.rows if (r["mode"], r["batch_size"]) == ("compiled_full", first))
-    median, kernels, roof = row["median_us"], row.get("kernels", math.nan), result.environment.get("roofline_us")
-    found.append(_target("compiled FULL step", f"<= 300 us at batch {first}", median, f"{median:.0f} us"))
-    if not math.isnan(kernels):
-        found.append(
-            _target("kernels per compiled FULL step", f"<= 100 at batch {first}", kernels, f"{_count(kernels)} kernels")
-        )
-    if roof:
-        found.append(
+        roof = result.environment.get("roofline_us") or math.nan
+        before = _column(baseline, "full").get(first, math.nan) if baseline is not None else math.nan
+        at = f"at batch {first}"
+        found += [
+            _target("compiled FULL step", f"<= 300 us {at}", median, f"{median:.0f} us"),
+            _target("kernels per compiled FULL step", f"<= 100 {at}", kernels, f"{_count(kernels)} kernels"),
+            _target("compiled FULL / roofline", f"<= 8 {at}", median / roof, f"roofline {roof:.1f} us"),
             _target(
-                "compiled FULL / roofline", f"<= 8 at batch {first}", round(median / roof, 3), f"roofline {roof:.1f} us"
-            )
-        )
-    before = _medians(baseline, "full").get(first) if baseline is not None else None
-    if before:
-        name = "compiled FULL / the FULL step before the fused kernels"
-        detail = f"{median:.0f} us over {before:.0f} us"
-        found.append(_target(name, f"<= 0.4 at batch {first}", round(median / before, 3), detail))
-    return found
+                "compiled FULL / the FULL step before the fused kernels",
+                f"<= 0.4 {at}",
+                median / before,
+                f"{median:.0f} us over {before:.0f} us",
+            ),
+        ]
+    return [t for t in found if t is not None]
 
 
-def _target(name: str, goal: str, measured: float, detail: str) -> Target:
-    """A target whose ``goal`` begins with its bound, ``"<= 0.6 ..."`` or ``">= 8 ..."``."""
+def _target(name: str, goal: str, measured: float | None, detail: str) -> Target | None:
+    """A target whose ``goal`` begins with its bound, ``"<= 0.6 ..."`` or ``">= 8 ..."``; None when
+    nothing was measured (nan)."""
+    if measured is None or math.isnan(measured):
+        return None
     sign, bound = goal.split()[:2]
+    measured = round(measured, 3)
     return Target(name, goal, measured, measured <= float(bound) if sign == "<=" else measured >= float(bound), detail)
 
 
@@ -213,22 +188,25 @@ def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target
         row = result.row("full_and_piecewise", "compiled")
     except KeyError:
         return []
-    total = round(row["compile_s"] + row["capture_s"], 3)
+    total = row["compile_s"] + row["capture_s"]
     detail = f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, capture {row['capture_s']:.1f} s"
-    return [_target("compiled FULL_AND_PIECEWISE start-up (compile + capture)", f"<= {seconds:g} s", total, detail)]
+    found = _target("compiled FULL_AND_PIECEWISE start-up (compile + capture)", f"<= {seconds:g} s", total, detail)
+    return [found] if found is not None else []
 
 
-def _medians(result: BenchResult, mode: str) -> dict[int, float]:
-    return {r["batch_size"]: r["median_us"] for r in result.rows if r["mode"] == mode}
+def _column(result: BenchResult, mode: str, column: str = "median_us") -> dict[int, float]:
+    return {r["batch_size"]: r[column] for r in result.rows if r["mode"] == mode}
 
 
-def _ratios(num: dict[int, float], den: dict[int, float], up_to: int | None) -> dict[int, float]:
-    return {b: round(num[b] / den[b], 3) for b in sorted(num) if b in den and (up_to is None or b <= up_to)}
-
-
-def _worst(ratios: dict[int, float]) -> tuple[int, float] | None:
-    """The batch size with the largest ratio (for an upper-bound goal, the one that decides it)."""
-    return max(ratios.items(), key=lambda item: item[1]) if ratios else None
+def _worst(
+    name: str, goal: str, num: dict[int, float], den: dict[int, float], up_to: int | None = None
+) -> Target | None:
+    """The target decided by the batch size with the largest ratio ``num / den`` (the goals are upper bounds)."""
+    ratios = {b: round(num[b] / den[b], 3) for b in sorted(num) if b in den and (up_to is None or b <= up_to)}
+    if not ratios:
+        return None
+    batch, worst = max(ratios.items(), key=lambda item: item[1])
+    return _target(name, goal, worst, f"worst at batch {batch}")
 
 
 def _count(value: float) -> str:

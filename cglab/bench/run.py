@@ -1,13 +1,15 @@
 """Running the benchmark: one runner per row kind, every (mode, batch size) timed in interleaved
 rounds, launches counted, then one profiler session, then the roofline.
-"""
+
+The peer, ``torch.compile(mode="reduce-overhead")``, is an engine in mode NONE whose model inductor
+compiles and PyTorch's CUDA graph trees record, one graph per shape: the engine captures nothing."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -15,23 +17,21 @@ import torch
 from tqdm.auto import tqdm
 
 from cglab.bench.config import BenchConfig, toy_dict
-from cglab.bench.environment import collect_environment
+from cglab.bench.environment import collect_environment, measure_bandwidth, roofline
 from cglab.bench.files import CSV_COLUMNS, EXTRA_COLUMNS, BenchResult
-from cglab.bench.modes import BENCH_MODES, bench_compiler
-from cglab.bench.peer import ReduceOverheadForward, capture_safe, cudagraph_skips, record_peer
+from cglab.bench.modes import BENCH_MODES, bench_compilation
 from cglab.bench.profiling import profile_steps
-from cglab.bench.roofline import measure_bandwidth, roofline
 from cglab.bench.timing import Samples, cpu_threads, split, stats, time_steps
 from cglab.compare import worst
-from cglab.compilation import CompiledModel
-from cglab.compilation_config import CompilationConfig
+from cglab.compilation.wrapper import fresh_forward
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
 from cglab.kernels import triton_launches, use_kernels
+from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
-__all__ = ["build_order", "count_launches", "run_bench"]
+__all__ = ["ReduceOverheadForward", "build_order", "capture_safe", "count_launches", "run_bench"]
 
 _ROTATIONS = 8  # distinct token-id sets cycled through the timed steps
 _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
@@ -41,11 +41,9 @@ _REWARM = 3  # untimed steps before each later round
 def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     """Measure every (mode, batch size): time the steps, count launches, then profile kernels.
 
-    Timing runs in rounds that visit every mode and batch size in turn: a host's speed drifts over
-    seconds (shared machines, clocks), and interleaving spreads any drift over all rows instead of
-    biasing whichever ran during a slow spell. The profiler runs last, in one session, because its
-    tracing slows launches (and may stay attached after the session): nothing is timed after it.
-    """
+    Each timing round visits every row in turn, so a host's drift over seconds spreads over all rows
+    instead of biasing whichever ran during a slow spell. The profiler runs last: its tracing slows
+    launches, so nothing is timed after it."""
     device = resolve_device(config.device)
     toy = config.toy_config()
     environment = collect_environment(device)  # the date is the run's start
@@ -61,16 +59,13 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     keys = [(mode, batch_size) for mode in config.modes for batch_size in config.batch_sizes]
     samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
     runners: dict[str, ModelRunner] = {}
-    skips_before = cudagraph_skips()
+    skips_before = _cudagraph_skips()
     with (
         cpu_threads(1 if device.type == "cpu" else None),
         use_kernels(config.kernels),
         tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress) as bar,
     ):
         try:
-            # The peer first, with every graph of its recorded before any engine captures one: torch's
-            # graph trees clear cuBLAS's workspaces whenever they record, and an engine graph captured
-            # earlier would go on using its freed workspace (an illegal address, or another tensor's bytes).
             for mode in build_order(config.modes):
                 bar.set_postfix_str(f"{mode}: capture")
                 runners[mode] = _make_runner(mode, toy, config.batch_sizes, device, bar.set_postfix_str)
@@ -78,8 +73,11 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
                 _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
                 if BENCH_MODES[mode].flavor == "reduce-overhead":  # after the prefill: decode shapes only
                     runners[mode].forward_model = ReduceOverheadForward(runners[mode].model)
-                    for batch_size in config.batch_sizes:
-                        record_peer(runners[mode], _prepare(runners[mode], mode, batch_size, decode))
+                    for batch_size in config.batch_sizes:  # compiled and recorded at the 2nd call, replayed at the 3rd
+                        for _ in range(3):
+                            runners[mode].execute(_prepare(runners[mode], mode, batch_size, decode))
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
             for round_index, repeats in enumerate(rounds):
                 for mode, batch_size in keys:
                     bar.set_postfix_str(f"round {round_index + 1}/{len(rounds)}: {mode}, batch {batch_size}")
@@ -88,35 +86,18 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
                     warmup = config.warmup if round_index == 0 else min(config.warmup, _REWARM)
                     samples[mode, batch_size].extend(time_steps(runners[mode], prepared, rotations, warmup, repeats))
                     bar.update(1)
-            rows = [
-                _row(
-                    mode,
-                    batch_size,
-                    environment["backend"],
-                    samples[mode, batch_size],
-                    config,
-                    runners[mode],
-                    _prepare(runners[mode], mode, batch_size, decode),
-                )
-                for mode, batch_size in keys
-            ]
+            rows = [_row(runners[m], m, b, samples[m, b], config, decode) for m, b in keys]
             if "none" in runners:
                 environment["max_abs_diff_vs_eager"] = _check_outputs(runners, config.batch_sizes, decode)
             bar.set_postfix_str("profiling kernels")
             profile_steps(
-                lambda mode, batch_size: partial(
-                    runners[mode].execute, _prepare(runners[mode], mode, batch_size, decode)
-                ),
+                lambda m, b: partial(runners[m].execute, _prepare(runners[m], m, b, decode)),
                 rows,
                 config.profile_steps,
                 device.type == "cuda",
-                environment,
             )
-            environment["startup_seconds"] = {
-                mode: _startup(runner) for mode, runner in runners.items() if runner.cudagraph_manager is not None
-            }
-            if "reduce_overhead" in runners:
-                environment["reduce_overhead_cudagraph_skips"] = cudagraph_skips() - skips_before
+            if "reduce_overhead" in runners:  # a peer that inductor ran without graphs is no peer
+                environment["reduce_overhead_cudagraph_skips"] = _cudagraph_skips() - skips_before
             bar.set_postfix_str("memory bandwidth")
             environment.update(roofline(next(iter(runners.values())).model, measure_bandwidth(device)))
         finally:
@@ -128,26 +109,19 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
 
 
 def build_order(modes: Sequence[str]) -> list[str]:
-    """The order runners are built in: the peer (whose graph trees clear cuBLAS's workspaces when they
-    record) before every engine runner, the rest in ladder order."""
+    """The peer first, every graph of its recorded before any engine captures one: torch's graph trees
+    clear cuBLAS's workspaces when they record, and an engine graph captured earlier would go on using
+    the freed workspace (an illegal address on the H200). The rest in ladder order."""
     return sorted(modes, key=lambda m: BENCH_MODES[m].flavor != "reduce-overhead")
 
 
 def _make_runner(
     mode: str, toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, status: Callable[[str], Any]
 ) -> ModelRunner:
-    """A runner for ``mode``'s row with a graph for every batch size measured."""
+    """A runner for ``mode``'s row with a graph for every batch size measured; the plain model's
+    PIECEWISE is the breakable flavor."""
     kind = BENCH_MODES[mode]
-    # Every row but the compiled ones runs the plain model: breakable, where PIECEWISE applies.
-    # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
-    # every backend so CPU and GPU time the same work.
-    cc = CompilationConfig(
-        kind.cg_mode,
-        capture_sizes,
-        use_breakable_cg=kind.flavor != "compiled",
-        backend=bench_compiler(device.type),
-        check_addresses=False,
-    )
+    cc = bench_compilation(kind.cg_mode, capture_sizes, device.type, breakable=kind.flavor != "compiled")
     return ModelRunner(toy, cc, device=device, progress=lambda d: status(f"captured {d}"))
 
 
@@ -173,6 +147,35 @@ def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int])
     return capture_safe(runner, prepared) if kind.flavor == "reduce-overhead" else prepared
 
 
+class ReduceOverheadForward:
+    """``model`` through ``torch.compile(mode="reduce-overhead")``. Each call tells the graph trees that a
+    new step begins, so the previous step's memory may be reused (the documented way for inference)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._compiled = torch.compile(fresh_forward(model), mode="reduce-overhead")
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._compiled(input_ids, positions)
+
+
+def capture_safe(runner: ModelRunner, prepared: PreparedStep) -> PreparedStep:
+    """``prepared`` with capture-safe metadata rebuilt in the same buffers: the peer's graph freezes its
+    host-side sizes as FULL's do, so it must see the whole key range."""
+    batch = prepared.input_batch
+    block_table = runner.block_tables.block_table[: batch.num_reqs]
+    slot_mapping = runner.block_tables.slot_mapping[: batch.num_tokens_after_padding]
+    metadata = prepare_attn(batch, block_table, slot_mapping, runner.attn_groups, for_capture=True)
+    return replace(prepared, attn_metadata=metadata)
+
+
+def _cudagraph_skips() -> int:
+    """How often inductor has declined to use CUDA graphs in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
 def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], decode: list[int]) -> dict[str, float]:
     """Per mode, the largest difference of its logits from eager's over every batch size: a row that
     computes something else is no faster way to do the same step. Every runner holds the same weights
@@ -186,15 +189,6 @@ def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], 
             per_size.append((logits.float() - reference.float()).abs().max().item())
         diffs[mode] = worst(per_size)  # a NaN stays NaN (max() would drop it)
     return diffs
-
-
-def _startup(runner: ModelRunner) -> dict[str, float | None]:
-    """Compile and capture seconds of one runner (the profiling run compiles, before any capture)."""
-    manager = runner.cudagraph_manager
-    assert manager is not None and manager.capture_stats is not None
-    model = runner.forward_model
-    compiled = round(model.compile_seconds, 3) if isinstance(model, CompiledModel) else None
-    return {"compile": compiled, "warmup_and_capture": round(manager.capture_stats.seconds, 3)}
 
 
 @contextmanager
@@ -248,15 +242,10 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
 
 
 def _row(
-    mode: str,
-    batch_size: int,
-    backend: str,
-    samples: Samples,
-    config: BenchConfig,
-    runner: ModelRunner,
-    prepared: PreparedStep,
+    runner: ModelRunner, mode: str, batch_size: int, samples: Samples, config: BenchConfig, decode: list[int]
 ) -> dict[str, Any]:
     kind = BENCH_MODES[mode]
+    prepared = _prepare(runner, mode, batch_size, decode)
     if kind.flavor == "reduce-overhead":  # torch's graph trees: no structure of ours to count (the profiler can)
         launches, kernels, segments, breaks = (math.nan,) * 4
     else:
@@ -265,8 +254,8 @@ def _row(
     # range there (a toy artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
     frozen = (kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead") and config.kernels == "aten"
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
-    # In column order; the profiler fills kernel_floor_us and kernel_span_us (nan until then).
+    # In column order; the profiler fills kernel_floor_us (nan until then).
+    backend = "cuda" if runner.device.type == "cuda" else "sim"
     main = (mode, batch_size, *stats(samples.device), math.nan, launches, backend)
-    host = (*stats(samples.host), stats(samples.enqueue)[0], math.nan)
     counts = (kernels, launches, segments, breaks, key_range, len(samples.device))
-    return dict(zip((*CSV_COLUMNS, *EXTRA_COLUMNS), (*main, *host, *counts), strict=True))
+    return dict(zip((*CSV_COLUMNS, *EXTRA_COLUMNS), (*main, stats(samples.enqueue)[0], *counts), strict=True))

@@ -1,16 +1,10 @@
-"""What starting an engine costs: compiling the model, warming up and capturing every graph of the
-default capture-size ladder, and the memory the capture takes; per policy, flavor and capture path.
+"""What starting an engine costs: compiling, warming up and capturing the default capture-size ladder,
+and the memory the capture takes; per policy, flavor and capture path (fixed or legacy).
 
-The capture path is the point of the comparison: the fix (vLLM PR #49364) builds metadata at every
-capture, so under compiled PIECEWISE the stateful ops inside the pieces really run and are recorded
-at capture, where the legacy path recorded a no-op. ``fix_ratio`` is the fixed path's warmup and
-capture time over the legacy path's. A FULL-only policy has one path (FULL always built metadata),
-so it gets one row.
-
-Every row starts cold: inductor's caches and the shared dynamo traces (``compilation/caching.py``) are
-switched off while it is measured, so each compile is the one a first start pays (a warm cache
-removes most of it, and nothing else).
-"""
+The fix (vLLM PR #49364) builds metadata at every capture, so under compiled PIECEWISE the stateful
+ops inside the pieces really run at capture, where the legacy path recorded a no-op. FULL always built
+metadata: a FULL-only policy gets one row. Every row starts cold (inductor's caches and the shared
+traces off), so each compile is the one a first start pays."""
 
 from __future__ import annotations
 
@@ -26,13 +20,12 @@ from typing import Any
 
 import torch
 
-from cglab.bench.config import QUICK_MODEL, ModelOptions, check_at_least, choose_names, toy_dict
+from cglab.bench.config import QUICK_MODEL, ModelOptions, choose_names, toy_dict
 from cglab.bench.environment import collect_environment
 from cglab.bench.files import read_pair, save_pair
-from cglab.bench.modes import POLICIES, bench_compiler
+from cglab.bench.modes import POLICIES, bench_compilation
 from cglab.compilation import CompiledModel, caching
-from cglab.compilation_config import CompilationConfig
-from cglab.config import PIECEWISE_FLAVORS, ToyConfig, default_capture_sizes
+from cglab.config import PIECEWISE_FLAVORS, ToyConfig, check_int, default_capture_sizes
 from cglab.runner import ModelRunner, resolve_device
 
 __all__ = ["STARTUP_COLUMNS", "StartupConfig", "StartupResult", "load_startup", "measure_startup", "save_startup"]
@@ -51,7 +44,7 @@ class StartupConfig(ModelOptions):
     flavors: tuple[str, ...] = PIECEWISE_FLAVORS
 
     def __post_init__(self) -> None:
-        check_at_least(("max_capture_size", self.max_capture_size, 1))
+        check_int("max_capture_size", self.max_capture_size)
         object.__setattr__(self, "policies", choose_names("policies", self.policies, POLICIES))
         object.__setattr__(self, "flavors", choose_names("flavors", self.flavors, PIECEWISE_FLAVORS))
         super().__post_init__()
@@ -96,13 +89,6 @@ def measure_startup(config: StartupConfig) -> StartupResult:
     device = resolve_device(config.device)
     toy = config.toy_config()
     environment = collect_environment(device)
-    environment["compile_caches"] = "inductor caches off while each row is measured (every compile is cold)"
-    environment["capture_memory"] = (
-        "device memory in use after capture minus before (torch.cuda.mem_get_info, cached free blocks returned first)"
-        if device.type == "cuda"
-        else "growth of the process's resident memory (simulator: host memory)"
-    )
-    environment["order"] = "rows measured one after the other as listed, after one untimed warm-up start"
     _warm_process(toy, device)
     rows = []
     for policy in config.policies:
@@ -124,31 +110,17 @@ def _warm_process(toy: ToyConfig, device: torch.device) -> None:
         dtype=toy.dtype,
         max_num_reqs=2,
     )
-    cc = _compilation_config("full_and_piecewise", "compiled", "fixed", device, (1, 2))
-    ModelRunner(tiny, cc, device=device).close()
-
-
-def _compilation_config(
-    policy: str, flavor: str, path: str, device: torch.device, capture_sizes: tuple[int, ...]
-) -> CompilationConfig:
-    # The address guard is a debugging aid: off, so that it costs nothing in the measured start-up.
-    return CompilationConfig(
-        policy,
-        capture_sizes,
-        use_breakable_cg=flavor == "breakable",
-        legacy_skip_attn=path == "legacy",
-        backend=bench_compiler(device.type),
-        check_addresses=False,
-    )
+    ModelRunner(tiny, bench_compilation("full_and_piecewise", (1, 2), device.type, False), device=device).close()
 
 
 def _start(
     toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, policy: str, flavor: str, path: str
 ) -> dict[str, Any]:
     gc.collect()
+    cc = bench_compilation(policy, capture_sizes, device.type, flavor == "breakable", legacy=path == "legacy")
     with _cold_compiles():
         start = time.perf_counter()
-        runner = ModelRunner(toy, _compilation_config(policy, flavor, path, device, capture_sizes), device=device)
+        runner = ModelRunner(toy, cc, device=device)
         startup = time.perf_counter() - start
     try:
         manager = runner.cudagraph_manager
@@ -176,14 +148,11 @@ def _cold_compiles() -> Iterator[None]:
         yield
 
 
-# ----------------------------------------------------------------------------------- files
 def save_startup(result: StartupResult, path: str, force: bool = False) -> tuple[Path, Path]:
-    """``PATH.csv`` and ``PATH.json``, written as a pair (never over a result without ``force``)."""
-    sidecar = {"format": FORMAT, "environment": result.environment, "config": result.config}
-    return save_pair(path, result.rows, list(STARTUP_COLUMNS), sidecar | {"columns": list(STARTUP_COLUMNS)}, force)
+    """``PATH.csv`` and ``PATH.json`` (see ``save_pair``)."""
+    return save_pair(path, FORMAT, result, list(STARTUP_COLUMNS), force)
 
 
 def load_startup(path: str) -> StartupResult:
-    """Read a pair ``save_startup`` wrote; a damaged one is refused."""
     rows, sidecar = read_pair(path, STARTUP_COLUMNS, (FORMAT,), "python -m cglab startup")
     return StartupResult(rows, sidecar["environment"], sidecar["config"])
