@@ -91,7 +91,6 @@ def test_files_get_the_usual_permissions(tmp_path: Path, result: BenchResult) ->
     ("kwargs", "match"),
     [
         ({"modes": ("full_and_piecewise",)}, "modes must be some of"),
-        ({"modes": ("full", "reduce_overhead")}, "needs a CUDA GPU"),
         ({"batch_sizes": ()}, "batch_sizes must be a non-empty list"),
         ({"batch_sizes": (0,)}, "every batch size must be a positive integer"),
         ({"repeats": 2}, "repeats must be an integer of at least 5"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cglab.bench.config import BenchConfig
-from cglab.bench.modes import MODE_NAMES, POLICIES
+from cglab.bench.modes import MEASURED_MODES, POLICIES
 from cglab.cli import PROG, add_command, int_list, name_list, print_saved
 from cglab.compare import dumps, exceeds
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
@@ -48,10 +48,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         sub,
         "bench",
         "measure one decode step's latency per CUDA graph mode and batch size",
-        "Measure one decode step's latency per row kind (eager, PIECEWISE, FULL, compiled, torch's "
-        "reduce-overhead) and batch size; write OUT.csv and OUT.json (the environment). On the CPU "
-        "simulator the numbers say nothing about GPU speed.",
-        (f"{PROG} bench --quick --modes none,full --out bench-two", "two row kinds, the small model, seconds on a CPU"),
+        "Measure one decode step's latency per row kind (eager, PIECEWISE, FULL, compiled PIECEWISE and "
+        "FULL) and batch size; write OUT.csv and OUT.json (the environment). On the CPU simulator the "
+        "numbers say nothing about GPU speed.",
+        (f"{PROG} bench --quick --out bench-quick", "the small model, seconds on a CPU"),
+        (
+            f"{PROG} bench --quick --modes none,full --out bench-two --force",
+            "two row kinds, overwriting an earlier pair",
+        ),
     )
     _add_common_options(p, "a small CPU-sized run that ends in seconds")
     p.add_argument(
@@ -61,9 +65,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--modes",
-        type=name_list(MODE_NAMES),
-        help=f"row kinds from {', '.join(MODE_NAMES)}; default: every one the device can run "
-        "(reduce_overhead needs a GPU)",
+        type=name_list(MEASURED_MODES),
+        help=f"row kinds from {', '.join(MEASURED_MODES)}; default: all",
     )
     p.add_argument("--batch-sizes", type=int_list, help=_model_defaults("batch_sizes"))
     p.add_argument("--repeats", type=int, help=f"timed steps per mode and batch size; {_model_defaults('repeats')}")
@@ -85,6 +88,7 @@ def add_startup(sub: argparse._SubParsersAction) -> None:
         "Start one engine per policy, PIECEWISE flavor and capture path (fixed, legacy) and measure "
         "compile time, warmup and capture time and capture memory; write OUT.csv and OUT.json.",
         (f"{PROG} startup --quick --out startup-quick", "the small model, seconds on a CPU"),
+        (f"{PROG} startup --quick --flavors breakable --out startup-breakable", "the breakable flavor only"),
     )
     _add_common_options(p, "a small CPU-sized run: FULL_AND_PIECEWISE compiled, capture sizes to 8")
     p.add_argument(
@@ -113,27 +117,17 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
-    csv_path, json_path = _save(save_results, result, args)
     _warn_if_off(result.environment.get("max_abs_diff_vs_eager", {}), config.dtype)
-    if args.json:
-        print_saved(
-            dumps(
-                {
-                    "backend": result.backend,
-                    "device_name": result.device_name,
-                    "rows": result.rows,
-                    "csv": str(csv_path),
-                    "json": str(json_path),
-                }
-            )
-        )
-        return 0
     sim = "\n  CPU simulator of CUDA graphs: semantics only, not GPU speed" if result.backend == "sim" else ""
-    print_saved(
-        f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}{sim}\n"
-        f"{bench_table(result)}\nwrote {csv_path} and {json_path}"
+    return _finish(
+        args,
+        result,
+        save_results,
+        lambda: (
+            f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}{sim}\n"
+            f"{bench_table(result)}"
+        ),
     )
-    return 0
 
 
 def _warn_if_off(diffs: dict[str, float], dtype: str) -> None:
@@ -157,15 +151,27 @@ def _run_startup(args: argparse.Namespace) -> int:
     config = _config(args, StartupConfig)
     check_output(args.out, args.force)
     result = measure_startup(config)
-    csv_path, json_path = _save(save_startup, result, args)
-    if args.json:
-        print_saved(dumps({"rows": result.rows, "csv": str(csv_path), "json": str(json_path)}))
-        return 0
-    print_saved(
-        f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
-        f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})\n"
-        f"{startup_table(result)}\nwrote {csv_path} and {json_path}"
+    return _finish(
+        args,
+        result,
+        save_startup,
+        lambda: (
+            f"{result.environment['device_name']}, backend {result.rows[0]['backend']}, "
+            f"{len(result.config['capture_sizes'])} capture sizes (1 to {config.max_capture_size})\n"
+            f"{startup_table(result)}"
+        ),
     )
+
+
+def _finish(args: argparse.Namespace, result: Any, save: Callable[..., Any], report: Callable[[], str]) -> int:
+    """Save first (nothing may fail before), then print ``report()``, or with ``--json`` the rows and where."""
+    csv_path, json_path = _save(save, result, args)
+    env = result.environment
+    if args.json:
+        summary = {"backend": env.get("backend"), "device_name": env.get("device_name"), "rows": result.rows}
+        print_saved(dumps({**summary, "csv": str(csv_path), "json": str(json_path)}))
+    else:
+        print_saved(f"{report()}\nwrote {csv_path} and {json_path}")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cglab.bench.modes import MODE_NAMES, available_modes
+from cglab.bench.modes import MEASURED_MODES
 from cglab.config import ToyConfig, check_int, check_no_empty_item
 from cglab.errors import ConfigError
 from cglab.kernels import check_kernels
@@ -69,14 +69,14 @@ QUICK_MODEL = dict(layers="sconv,attn,compressor,attn", hidden_size=32, num_head
 
 @dataclass(frozen=True)
 class BenchConfig(ModelOptions):
-    """What to measure. ``modes=None``: every row kind the device can measure. ``max_model_len`` is small
+    """What to measure, by default every row kind (``MEASURED_MODES``). ``max_model_len`` is small
     because the aten attention of FULL reads that many keys (a toy artefact). Capture sizes equal the
     batch sizes: no padding is timed."""
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    modes: tuple[str, ...] | None = None
+    modes: tuple[str, ...] = MEASURED_MODES
     repeats: int = 300  # timed steps per mode and batch size
-    warmup: int = 20  # untimed steps first (lazy init, clocks, caches, compiles of the peer)
+    warmup: int = 20  # untimed steps first (lazy init, clocks, caches)
     kernels: str | None = None  # the custom ops' kernels, "aten" or "triton"; None: triton on CUDA, aten on the CPU
     prompt_len: int = 32  # history of every request before the timed decode step
     profile_steps: int = 3  # profiled steps per mode and batch size (kernel floor, launches)
@@ -96,7 +96,7 @@ class BenchConfig(ModelOptions):
         check_int("max_model_len (the timed step adds a token to prompt_len)", self.max_model_len, self.prompt_len + 1)
         device_type = str(self.device).split(":")[0]
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        object.__setattr__(self, "modes", _parse_modes(self.modes, device_type))
+        object.__setattr__(self, "modes", choose_names("modes", self.modes, MEASURED_MODES))
         object.__setattr__(self, "kernels", check_kernels(self.kernels, device_type))
         super().__post_init__()
 
@@ -119,16 +119,3 @@ class BenchConfig(ModelOptions):
         """The engine's config: one request per batch row, caches just large enough for the run."""
         pool = max(self.batch_sizes)
         return self._toy(pool, pool * -(-(self.prompt_len + 1) // BLOCK_SIZE), max(pool, self.prompt_len))
-
-
-def _parse_modes(modes: object, device_type: str) -> tuple[str, ...]:
-    if modes is None:
-        return available_modes(device_type)
-    chosen = choose_names("modes", modes, MODE_NAMES)
-    gpu_only = [m for m in chosen if m not in available_modes(device_type)]
-    if gpu_only:
-        raise ConfigError(
-            f"mode {gpu_only[0]} needs a CUDA GPU (torch.compile's CUDA graph trees run on CUDA only); "
-            "drop it from the modes or use device 'cuda'"
-        )
-    return chosen

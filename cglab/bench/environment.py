@@ -33,12 +33,9 @@ def collect_environment(device: torch.device) -> dict[str, Any]:
 def _host_cpu() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):  # not Linux
+        return platform.processor() or platform.machine() or "unknown"
 
 
 def weight_bytes(model: nn.Module) -> int:

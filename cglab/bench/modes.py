@@ -1,6 +1,7 @@
 """What the benchmark can measure: one row kind (a row's ``mode``) per way of running a decode step,
-the ladder from eager to compiled FULL, plus the peer a user would pick instead of an engine's graphs.
-Compiled rows use inductor on a GPU (``bench_compilation``)."""
+the ladder from eager to compiled FULL (compiled rows use inductor on a GPU). The recorded runs in
+``data/`` also hold the peer a user would pick instead, ``torch.compile(mode="reduce-overhead")``;
+``MEASURED_MODES`` are the row kinds the benchmark measures today."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import NamedTuple
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 
-__all__ = ["BENCH_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "available_modes", "bench_compilation"]
+__all__ = ["BENCH_MODES", "MEASURED_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "bench_compilation"]
 
 
 class BenchMode(NamedTuple):
@@ -38,13 +39,9 @@ BENCH_MODES = {
     ),
 }
 MODE_NAMES = tuple(BENCH_MODES)
+MEASURED_MODES = MODE_NAMES[:-1]  # all but the peer
 # The policies ``cglab.bench.startup`` compares: here, away from torch, for the parser.
 POLICIES = ("piecewise", "full", "full_and_piecewise")
-
-
-def available_modes(device_type: str) -> tuple[str, ...]:
-    """Every row kind this device can measure, in ladder order (CUDA graph trees exist only on a GPU)."""
-    return tuple(m for m, kind in BENCH_MODES.items() if device_type == "cuda" or kind.flavor != "reduce-overhead")
 
 
 def bench_compilation(

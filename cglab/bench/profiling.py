@@ -59,8 +59,7 @@ def profile_steps(
     unprofiled run. A row in which a GPU's profiler saw nothing keeps nan and the structural counts."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    prof = profile(activities=activities)
+    prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
     with without_profiler_log_lines():
         prof.start()
     try:

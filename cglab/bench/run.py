@@ -1,15 +1,12 @@
 """Running the benchmark: one runner per row kind, every (mode, batch size) timed in interleaved
-rounds, launches counted, then one profiler session, then the roofline.
-
-The peer, ``torch.compile(mode="reduce-overhead")``, is an engine in mode NONE whose model inductor
-compiles and PyTorch's CUDA graph trees record, one graph per shape: the engine captures nothing."""
+rounds, launches counted, then one profiler session, then the roofline."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from typing import Any
 
@@ -21,17 +18,15 @@ from cglab.bench.environment import collect_environment, measure_bandwidth, roof
 from cglab.bench.files import CSV_COLUMNS, EXTRA_COLUMNS, BenchResult
 from cglab.bench.modes import BENCH_MODES, bench_compilation
 from cglab.bench.profiling import profile_steps
-from cglab.bench.timing import Samples, cpu_threads, split, stats, time_steps
+from cglab.bench.timing import Samples, split, stats, time_steps
 from cglab.compare import worst
-from cglab.compilation.wrapper import fresh_forward
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
 from cglab.kernels import triton_launches, use_kernels
-from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
-__all__ = ["ReduceOverheadForward", "build_order", "capture_safe", "count_launches", "run_bench"]
+__all__ = ["count_launches", "run_bench"]
 
 _ROTATIONS = 8  # distinct token-id sets cycled through the timed steps
 _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
@@ -59,25 +54,20 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     keys = [(mode, batch_size) for mode in config.modes for batch_size in config.batch_sizes]
     samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
     runners: dict[str, ModelRunner] = {}
-    skips_before = _cudagraph_skips()
+    threads = torch.get_num_threads()
     with (
-        cpu_threads(1 if device.type == "cpu" else None),
         use_kernels(config.kernels),
         tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress) as bar,
     ):
         try:
-            for mode in build_order(config.modes):
+            # One intra-op thread on the CPU, as torch.utils.benchmark.Timer: on a shared machine a
+            # parallel op otherwise waits for a descheduled sibling thread.
+            torch.set_num_threads(1 if device.type == "cpu" else threads)
+            for mode in config.modes:
                 bar.set_postfix_str(f"{mode}: capture")
                 runners[mode] = _make_runner(mode, toy, config.batch_sizes, device, bar.set_postfix_str)
                 bar.set_postfix_str(f"{mode}: prefill")
                 _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
-                if BENCH_MODES[mode].flavor == "reduce-overhead":  # after the prefill: decode shapes only
-                    runners[mode].forward_model = ReduceOverheadForward(runners[mode].model)
-                    for batch_size in config.batch_sizes:  # compiled and recorded at the 2nd call, replayed at the 3rd
-                        for _ in range(3):
-                            runners[mode].execute(_prepare(runners[mode], mode, batch_size, decode))
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
             for round_index, repeats in enumerate(rounds):
                 for mode, batch_size in keys:
                     bar.set_postfix_str(f"round {round_index + 1}/{len(rounds)}: {mode}, batch {batch_size}")
@@ -96,23 +86,15 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
                 config.profile_steps,
                 device.type == "cuda",
             )
-            if "reduce_overhead" in runners:  # a peer that inductor ran without graphs is no peer
-                environment["reduce_overhead_cudagraph_skips"] = _cudagraph_skips() - skips_before
             bar.set_postfix_str("memory bandwidth")
             environment.update(roofline(next(iter(runners.values())).model, measure_bandwidth(device)))
         finally:
+            torch.set_num_threads(threads)
             for runner in runners.values():
                 runner.close()
     return BenchResult(
         rows, environment, {**asdict(config), "toy_config": toy_dict(toy), "capture_sizes": list(config.batch_sizes)}
     )
-
-
-def build_order(modes: Sequence[str]) -> list[str]:
-    """The peer first, every graph of its recorded before any engine captures one: torch's graph trees
-    clear cuBLAS's workspaces when they record, and an engine graph captured earlier would go on using
-    the freed workspace (an illegal address on the H200). The rest in ladder order."""
-    return sorted(modes, key=lambda m: BENCH_MODES[m].flavor != "reduce-overhead")
 
 
 def _make_runner(
@@ -144,36 +126,7 @@ def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int])
     prepared = runner.prepare_step({f"req{i}": [decode[i]] for i in range(batch_size)})
     desc = prepared.descriptor
     assert desc.cg_mode is kind.cg_mode and desc.num_tokens == batch_size, f"{desc} for {mode} at batch {batch_size}"
-    return capture_safe(runner, prepared) if kind.flavor == "reduce-overhead" else prepared
-
-
-class ReduceOverheadForward:
-    """``model`` through ``torch.compile(mode="reduce-overhead")``. Each call tells the graph trees that a
-    new step begins, so the previous step's memory may be reused (the documented way for inference)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self._compiled = torch.compile(fresh_forward(model), mode="reduce-overhead")
-
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        torch.compiler.cudagraph_mark_step_begin()
-        return self._compiled(input_ids, positions)
-
-
-def capture_safe(runner: ModelRunner, prepared: PreparedStep) -> PreparedStep:
-    """``prepared`` with capture-safe metadata rebuilt in the same buffers: the peer's graph freezes its
-    host-side sizes as FULL's do, so it must see the whole key range."""
-    batch = prepared.input_batch
-    block_table = runner.block_tables.block_table[: batch.num_reqs]
-    slot_mapping = runner.block_tables.slot_mapping[: batch.num_tokens_after_padding]
-    metadata = prepare_attn(batch, block_table, slot_mapping, runner.attn_groups, for_capture=True)
-    return replace(prepared, attn_metadata=metadata)
-
-
-def _cudagraph_skips() -> int:
-    """How often inductor has declined to use CUDA graphs in this process."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["inductor"].get("cudagraph_skips", 0))
+    return prepared
 
 
 def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], decode: list[int]) -> dict[str, float]:
@@ -244,15 +197,11 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
 def _row(
     runner: ModelRunner, mode: str, batch_size: int, samples: Samples, config: BenchConfig, decode: list[int]
 ) -> dict[str, Any]:
-    kind = BENCH_MODES[mode]
     prepared = _prepare(runner, mode, batch_size, decode)
-    if kind.flavor == "reduce-overhead":  # torch's graph trees: no structure of ours to count (the profiler can)
-        launches, kernels, segments, breaks = (math.nan,) * 4
-    else:
-        launches, kernels, segments, breaks = count_launches(runner, prepared)
-    # FULL graphs (and the peer's) froze capture-safe metadata: the aten body reads the model's whole key
-    # range there (a toy artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
-    frozen = (kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead") and config.kernels == "aten"
+    launches, kernels, segments, breaks = count_launches(runner, prepared)
+    # FULL graphs froze capture-safe metadata: the aten body reads the model's whole key range there (a toy
+    # artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
+    frozen = BENCH_MODES[mode].cg_mode is CUDAGraphMode.FULL and config.kernels == "aten"
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
     # In column order; the profiler fills kernel_floor_us (nan until then).
     backend = "cuda" if runner.device.type == "cuda" else "sim"

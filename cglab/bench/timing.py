@@ -6,8 +6,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["Samples", "cpu_threads", "split", "stats", "time_steps"]
+__all__ = ["Samples", "split", "stats", "time_steps"]
 
 
 @dataclass
@@ -87,18 +86,3 @@ def time_steps(
             gc.enable()
     out.device += [start.elapsed_time(end) * 1e3 for start, end in events]
     return out
-
-
-@contextmanager
-def cpu_threads(count: int | None) -> Iterator[None]:
-    """One intra-op thread on the CPU, as ``torch.utils.benchmark.Timer`` uses: on a shared machine a
-    parallel op otherwise waits for a descheduled sibling thread."""
-    if count is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
