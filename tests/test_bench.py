@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cglab import CUDAGraphMode, ModelRunner
-from cglab.bench import CSV_COLUMNS, BenchConfig, BenchResult, load_results, save_results
+from cglab.bench import CSV_COLUMNS, BenchResult, load_results, save_results
 from cglab.bench import files as results
 from cglab.cli import main
 from cglab.errors import ConfigError
@@ -110,8 +110,6 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
     assert set(env["max_abs_diff_vs_eager"]) == set(cpu_modes) and env["max_abs_diff_vs_eager"]["none"] == 0.0
     assert all(diff <= 1e-4 for diff in env["max_abs_diff_vs_eager"].values())  # NaN fails: max() would drop it
     assert env["piecewise_flavor"] == "breakable"  # what the recorded runs measured
-    assert set(env["startup_seconds"]) == set(cpu_modes) - {"none"}
-    assert env["startup_seconds"]["compiled_full"]["compile"] > 0 and env["startup_seconds"]["full"]["compile"] is None
     # The roofline as recorded: the weights over the bandwidth (saved rounded to 0.1 GB/s).
     assert env["roofline_us"] == pytest.approx(env["weight_bytes"] / env["memory_bandwidth_gb_s"] / 1e3, rel=0.01)
     assert result.config["quick"] is True and result.config["capture_sizes"] == [1, 2, 4]
@@ -178,7 +176,7 @@ def test_force_overwrites(tmp_path: Path) -> None:
 @pytest.fixture
 def small_result() -> BenchResult:
     row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
-    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "attn"})
+    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"modes": ["full"], "batch_sizes": [1]})
 
 
 def test_atomic_write_leaves_nothing_on_error(
@@ -206,27 +204,12 @@ def test_save_and_load_round_trip(tmp_path: Path, small_result: BenchResult) -> 
 
 
 def test_load_errors_are_clear(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no benchmark results"):
+    with pytest.raises(ConfigError, match="no results at .*python -m cglab bench"):
         load_results(tmp_path / "missing")
     (tmp_path / "bad.csv").write_text("mode,batch_size\nfull,1\n")
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="missing column"):
         load_results(tmp_path / "bad")
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"modes": ("full_and_piecewise",)},
-        {"batch_sizes": ()},
-        {"batch_sizes": (0,)},
-        {"repeats": 2},
-        {"prompt_len": 40},
-    ],
-)
-def test_bad_config_is_refused(kwargs: dict) -> None:
-    with pytest.raises(ConfigError):
-        BenchConfig.quick_preset(**kwargs)
 
 
 def test_recorded_files_exist() -> None:

@@ -50,7 +50,6 @@ def test_quick_cli_run_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFi
         assert r["memory_mib"] == r["memory_mib"]  # measured (the process's resident memory), not nan
     fixed, legacy = result.rows
     assert result.fix_ratio("full_and_piecewise", "compiled") == fixed["capture_s"] / legacy["capture_s"]
-    assert "cold" in result.environment["compile_caches"]
     assert main(["startup", "--quick", "--out", str(out)]) == 2  # never over a result without --force
     assert "--force" in capsys.readouterr().err
 
@@ -103,10 +102,10 @@ def test_files_round_trip_and_damage_is_refused(tmp_path: Path) -> None:
     save_startup(result, str(tmp_path / "run"))
     assert load_startup(str(tmp_path / "run")).rows == result.rows
     csv_path = tmp_path / "run.csv"
-    csv_path.write_text(csv_path.read_text().replace(",2.500,", ",-2.500,"))
-    with pytest.raises(ConfigError, match="capture_s must be a finite number"):
+    csv_path.write_text(csv_path.read_text().replace(",2.500,", ",two,"))
+    with pytest.raises(ConfigError, match="could not convert .*python -m cglab startup"):
         load_startup(str(tmp_path / "run"))
-    with pytest.raises(ConfigError, match="no start-up results"):
+    with pytest.raises(ConfigError, match="no results at .*python -m cglab startup"):
         load_startup(str(tmp_path / "missing"))
 
 
@@ -115,7 +114,8 @@ def test_files_round_trip_and_damage_is_refused(tmp_path: Path) -> None:
     [
         ({"policies": ("turbo",)}, "policies"),
         ({"flavors": "eager"}, "flavors"),
-        ({"max_capture_size": 5000}, "not a hardware limit"),
+        ({"max_capture_size": 0}, "max_capture_size must be a positive integer"),
+        ({"num_heads": 7}, "divisible by num_heads"),  # the model's own checks (ToyConfig)
     ],
 )
 def test_bad_config_is_refused(kwargs: dict, match: str) -> None:
@@ -129,14 +129,14 @@ RECORDED = sorted((Path(__file__).resolve().parents[1] / "data").glob("*_startup
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_recorded_startup_runs_load(path: Path) -> None:
     result = load_startup(str(path))
-    assert {"device_name", "driver", "torch", "cuda", "date", "compile_caches"} <= set(result.environment)
+    assert {"device_name", "driver", "torch", "cuda", "date"} <= set(result.environment)
     assert {r["backend"] for r in result.rows} == {"cuda"} and all(r["graphs"] > 0 for r in result.rows)
     sizes = len(result.config["capture_sizes"])
     assert all(r["graphs"] == sizes * (2 if r["policy"] == "full_and_piecewise" else 1) for r in result.rows)
 
 
 def test_cli_refuses_bad_values_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["startup", "--quick", "--max-capture-size", "5000", "--out", str(tmp_path / "run")]) == 2
+    assert main(["startup", "--quick", "--max-capture-size", "0", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "not a hardware limit" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "max_capture_size" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())

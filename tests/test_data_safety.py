@@ -30,7 +30,7 @@ TINY = ["--quick", "--device", "cpu", "--modes", "none", "--batch-sizes", "1", "
 @pytest.fixture
 def result() -> BenchResult:
     row = {c: 1 for c in CSV_COLUMNS} | {"mode": "piecewise", "backend": "sim", "median_us": 3.0}
-    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "sconv,attn"})
+    return BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"modes": ["piecewise"], "batch_sizes": [1]})
 
 
 @pytest.mark.parametrize("existing", ["run.csv", "run.json"])
@@ -107,7 +107,7 @@ def _canned(monkeypatch: pytest.MonkeyPatch, command: str) -> list[dict]:
     """``command``'s measurement replaced by a known result (the save is what is tested); its rows."""
     if command == "bench":
         row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
-        canned = BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"layers": "attn"})
+        canned = BenchResult([row], {"backend": "sim", "device_name": "CPU"}, {"modes": ["full"], "batch_sizes": [1]})
         monkeypatch.setattr(bench, "run_bench", lambda *args, **kwargs: canned)
     else:
         row = dict(zip(STARTUP_COLUMNS, ["full", "compiled", "fixed", "sim", 4, 1.0, 0.5, 2.0, 3.0]))
@@ -175,7 +175,7 @@ def test_a_result_that_appeared_during_the_run_is_not_overwritten(
 
     def measure_while_another_run_saves(*args: object, **kwargs: object) -> BenchResult:
         other.write_text("the other run's")
-        return BenchResult(rows, {"backend": "sim"}, {})
+        return BenchResult(rows, {"backend": "sim"}, {"modes": ["full"], "batch_sizes": [1]})
 
     monkeypatch.setattr(bench, "run_bench", measure_while_another_run_saves)
     assert main(["bench", "--quick", "--out", str(tmp_path / "run")]) == 1
@@ -272,7 +272,7 @@ import cglab.bench
 from cglab.bench import BenchResult, CSV_COLUMNS
 
 row = {c: 1 for c in CSV_COLUMNS} | {"mode": "full", "backend": "sim", "median_us": 2.5}
-cglab.bench.run_bench = lambda *args, **kwargs: BenchResult([row], {"backend": "sim"}, {})
+cglab.bench.run_bench = lambda *args, **kwargs: BenchResult([row], {"backend": "sim"}, {"modes": ["full"], "batch_sizes": [1]})
 real_replace = os.replace
 
 def replace(src, dst):

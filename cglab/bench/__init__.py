@@ -1,11 +1,10 @@
 """The replay-latency benchmark: one decode step (``ModelRunner.execute`` on a batch already in the
 buffers) per row kind (``cglab.bench.modes``) and batch size, and the start-up cost (``startup``).
 
-Columns: the median with CUDA events on a GPU, the host clock everywhere (on the CPU simulator it
-says nothing about GPU speed); the *kernel floor*, the summed kernel time of a step under the
-profiler (what it would cost if launching were free; on a CPU no floor); the *kernel span*, first
-kernel start to last kernel end; *launches*, host submissions per step (one per eager kernel or
-graph segment; ``counted_launches`` counts them structurally on every backend).
+Columns: the median with CUDA events on a GPU, the host clock on the CPU simulator (no GPU speed);
+``enqueue``, host time until ``execute`` returns; the *kernel floor*, the summed kernel time of a step
+under the profiler (its cost if launching were free; on a CPU no floor); *launches*, host submissions
+per step (one per eager kernel or graph segment; ``counted_launches`` counts them structurally).
 """
 
 from __future__ import annotations
@@ -15,37 +14,11 @@ from cglab._lazy import lazy_exports
 # Imported on first use (PEP 562): ``python -m cglab`` reads the row kinds (``cglab.bench.modes``, no
 # torch) to build its parser, and must not import torch for it.
 _EXPORTS = {
-    "cglab.bench.config": ("LIMIT_NOTE", "BenchConfig"),
-    "cglab.bench.files": (
-        "CSV_COLUMNS",
-        "EXTRA_COLUMNS",
-        "FORMAT",
-        "BenchResult",
-        "check_output",
-        "load_results",
-        "result_paths",
-        "save_results",
-    ),
-    "cglab.bench.modes": ("BENCH_MODES", "MODE_NAMES", "BenchMode"),
+    "cglab.bench.config": ("BenchConfig",),
+    "cglab.bench.files": ("CSV_COLUMNS", "BenchResult", "check_output", "load_results", "save_results"),
+    "cglab.bench.modes": ("BENCH_MODES", "MODE_NAMES"),
     "cglab.bench.run": ("run_bench",),
 }
-
-__all__ = [
-    "BENCH_MODES",
-    "CSV_COLUMNS",
-    "EXTRA_COLUMNS",
-    "FORMAT",
-    "LIMIT_NOTE",
-    "MODE_NAMES",
-    "BenchConfig",
-    "BenchMode",
-    "BenchResult",
-    "check_output",
-    "load_results",
-    "result_paths",
-    "run_bench",
-    "save_results",
-]
-
+__all__ = [name for names in _EXPORTS.values() for name in names]
 
 __getattr__, __dir__ = lazy_exports("cglab.bench", _EXPORTS, globals(), __all__)

@@ -1,56 +1,31 @@
-"""Where a benchmark's numbers come from: device, driver, versions, date, host CPU, and how each
-column was measured. Written beside every result (``OUT.json``), so recorded GPU data carries its
-environment.
-"""
+"""Where a benchmark's numbers come from, written beside every result (``OUT.json``): the device, the host
+CPU, the versions and the date; and the roofline, the time a decode step needs to read every weight once."""
 
 from __future__ import annotations
 
-import os
 import platform
-import shutil
-import subprocess
+import time
 from datetime import datetime, timezone
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["collect_environment"]
+__all__ = ["collect_environment", "measure_bandwidth", "roofline", "weight_bytes"]
 
 
 def collect_environment(device: torch.device) -> dict[str, Any]:
-    """Where the numbers come from: device, driver, versions, date, host CPU and how things were timed."""
     cuda = device.type == "cuda"
     env: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "backend": "cuda" if cuda else "sim",
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if cuda else f"CPU ({_host_cpu()})",
-        "driver": _nvidia_driver(device) if cuda else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
         "host_cpu": _host_cpu(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": 1 if not cuda else torch.get_num_threads(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
-    if cuda:
-        props = torch.cuda.get_device_properties(device)
-        env["gpu"] = {
-            "capability": f"{props.major}.{props.minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1),
-            "multiprocessors": props.multi_processor_count,
-        }
-        env["timer"] = "CUDA events around ModelRunner.execute (device); time.perf_counter_ns incl. sync (host)"
-        env["kernel_floor"] = "torch.profiler: summed durations of the step's kernels, copies and fills"
-        env["launches"] = "torch.profiler: distinct CUDA correlation ids among the step's GPU activities"
-        env["kernel_span"] = "torch.profiler: first kernel start to last kernel end (floor plus idle gaps)"
-        env["enqueue"] = "time.perf_counter_ns until ModelRunner.execute returns: launching, before waiting"
-    else:
-        env["timer"] = "time.perf_counter_ns around ModelRunner.execute (device and host columns are the same)"
-        env["kernel_floor"] = "torch.profiler: summed self CPU time of aten ops (no GPU: semantics only)"
-        env["launches"] = "counted: graph segments plus work-doing aten ops outside graphs"
+    if not cuda:
         env["note"] = "CPU simulator of CUDA graphs: semantics only, not GPU speed"
     return env
 
@@ -58,27 +33,47 @@ def collect_environment(device: torch.device) -> dict[str, Any]:
 def _host_cpu() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):  # not Linux
+        return platform.processor() or platform.machine() or "unknown"
 
 
-def _nvidia_driver(device: torch.device) -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=driver_version", "--format=csv,noheader", f"--id={index}"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes a decode step reads in full: every parameter but the embedding tables (looked up a row at a time)."""
+    looked_up = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in looked_up)
+
+
+def measure_bandwidth(device: torch.device, megabytes: int | None = None, repeats: int = 10) -> float:
+    """Bytes per second a device-to-device copy moves (each byte read and written once): the best of
+    ``repeats`` copies of a buffer far larger than any cache (1 GiB on a GPU, 256 MiB on a CPU)."""
+    cuda = device.type == "cuda"
+    size = (megabytes or (1024 if cuda else 256)) * 2**20
+    src = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults and lazy allocation are not bandwidth
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            seconds = time.perf_counter() - t0
+        best = min(best, seconds)
+    return 2 * size / best
+
+
+def roofline(model: nn.Module, bandwidth: float) -> dict[str, Any]:
+    """The weights streamed once at the measured bandwidth: a small-batch step cannot be faster."""
+    nbytes = weight_bytes(model)
+    return {
+        "weight_bytes": nbytes,
+        "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+        "roofline_us": round(nbytes / bandwidth * 1e6, 3),
+    }

@@ -1,18 +1,13 @@
-"""The profiler's view of a step: its kernel floor, kernel span, kernels and launches.
-
-Each profiled step runs inside a named range and ends with a synchronisation, so every device
-event lies inside its step's range on the shared timeline: events are attributed by their midpoint.
-"""
+"""The profiler's view of a step: its kernel floor, kernels and launches. Each profiled step runs in a
+named range and ends with a synchronisation, so each event is its step's by its midpoint."""
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
 import tempfile
 from bisect import bisect_right
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,45 +19,24 @@ __all__ = ["MARKER", "Window", "attribute", "profile_steps", "without_profiler_l
 
 MARKER = "cglab.bench/"
 _WORK_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
-# torch's profiler (kineto) writes these from C++ straight to file descriptor 2 when it starts and
-# stops, e.g. "USDT:2026-12-01 09:03:30 ... profiler_start": log noise, not a message for the user.
-_LOG_PREFIX = b"USDT:"
 
 
 @contextmanager
 def without_profiler_log_lines() -> Iterator[None]:
-    """Drop the profiler's ``USDT:`` log lines; pass every other line written to stderr through.
-
-    They bypass ``sys.stderr`` (C code writing to fd 2), so fd 2 itself is pointed at a temporary
-    file for the duration, and what was written there is replayed afterwards, minus those lines.
-    """
-    try:
-        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
-        saved = os.dup(fd)
-    except (OSError, ValueError):  # no real stderr (embedded interpreters): nothing to filter
-        yield
-        return
+    """Drop the ``USDT:`` lines torch's profiler writes to file descriptor 2 as it starts and stops (they
+    would land in the CLI's stderr and a notebook's output), and pass every other line through."""
+    saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
-        _flush_stderr()
-        os.dup2(capture.fileno(), fd)
+        sys.stderr.flush()
+        os.dup2(capture.fileno(), 2)
         try:
             yield
         finally:
-            _flush_stderr()
-            os.dup2(saved, fd)
+            sys.stderr.flush()
+            os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            kept = b"".join(
-                line for line in capture.read().splitlines(keepends=True) if not line.startswith(_LOG_PREFIX)
-            )
-            if kept:
-                os.write(fd, kept)
-
-
-def _flush_stderr() -> None:
-    for stream in (sys.stderr, sys.__stderr__):
-        if stream is not None:
-            stream.flush()
+            os.write(2, b"".join(line for line in capture.readlines() if not line.startswith(b"USDT:")))
 
 
 @dataclass
@@ -72,9 +46,6 @@ class Window:
     time_us: float = 0.0
     events: int = 0
     ids: set[int] = field(default_factory=set)  # CUDA correlation ids: one per host launch
-    # First start to last end: the floor plus the device's idle gaps between kernels.
-    first_start: float = math.inf
-    last_end: float = -math.inf
 
 
 def profile_steps(
@@ -82,19 +53,13 @@ def profile_steps(
     rows: list[dict[str, Any]],
     profile_steps: int,
     cuda: bool,
-    environment: dict[str, Any],
 ) -> None:
-    """Fill each row's ``kernel_floor_us`` and ``kernel_span_us`` (on a GPU also ``launches`` and
-    ``kernels``) from one profiler session over ``profile_steps`` runs of each row's step.
-
-    ``prepare(mode, batch_size)`` writes the row's batch into its runner's buffers and returns a
-    function that runs the step once. The first run after a prepare is not profiled (it follows other
-    work). Per-step values are medians over the profiled runs.
-    """
+    """Fill each row's ``kernel_floor_us`` (on a GPU also ``launches`` and ``kernels``): the median over
+    ``profile_steps`` profiled runs of the function ``prepare(mode, batch_size)`` returns, after one
+    unprofiled run. A row in which a GPU's profiler saw nothing keeps nan and the structural counts."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    prof = profile(activities=activities)
+    prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
     with without_profiler_log_lines():
         prof.start()
     try:
@@ -110,49 +75,36 @@ def profile_steps(
     finally:
         with without_profiler_log_lines():
             prof.stop()
-    windows, diagnostics = attribute(prof.events(), cuda)
-    unseen = 0
+    windows = attribute(prof.events(), cuda)
     for row in rows:
         per_step = [windows.get((row["mode"], row["batch_size"], k), Window()) for k in range(profile_steps)]
         if cuda and not all(w.events for w in per_step):
-            unseen += 1  # keep the structural counts; a zero floor would be a lie
-            continue
+            continue  # a zero floor would be a lie
         row["kernel_floor_us"] = round(statistics.median(w.time_us for w in per_step), 3)
-        row["kernel_span_us"] = round(statistics.median(w.last_end - w.first_start for w in per_step), 3)
         if cuda:
             row["kernels"] = round(statistics.median(w.events for w in per_step))
             row["launches"] = round(statistics.median(len(w.ids) for w in per_step))
-    if cuda:
-        environment["profiler_device_events"] = diagnostics
-        if unseen:
-            environment["profiler_note"] = (
-                f"the profiler saw no GPU activity in {unseen} row(s): their "
-                "kernel_floor_us is nan, launches and kernels are the structural counts"
-            )
 
 
-def attribute(events: Any, cuda: bool) -> tuple[dict[tuple[str, int, int], Window], dict[str, Any]]:
-    """Sort the profiler's events into the profiled steps, by midpoint; also say what was seen."""
-    markers = [
-        (e.name[len(MARKER) :].split("/"), e.time_range)
+def attribute(events: Any, cuda: bool) -> dict[tuple[str, int, int], Window]:
+    """Sort the profiler's events into the profiled steps, by midpoint: on a GPU its device work (not the
+    GPU-side copies of our named ranges); on a CPU the aten ops' own time."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, (mode, int(bs), int(k)))
         for e in events
         if e.name.startswith(MARKER) and e.device_type == torch.autograd.DeviceType.CPU
-    ]
-    if cuda:  # GPU work, not the GPU-side copies of our named ranges
-        device = [
+        for mode, bs, k in [e.name[len(MARKER) :].split("/")]
+    )
+    if cuda:  # torch 2.13 labels activities (keep kernels, copies, fills); 2.11 leaves them None
+        chosen = [
             e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(MARKER)
         ]
-        kinds = Counter(str(getattr(e, "activity_type", None)) for e in device)
-        if any(k in kinds for k in _WORK_ACTIVITIES):  # torch labels activities: keep kernels, copies, fills
-            device = [e for e in device if getattr(e, "activity_type", None) in _WORK_ACTIVITIES]
-        chosen = device
-    else:  # no device: the time spent inside aten ops
-        kinds = Counter()
+        if any(getattr(e, "activity_type", None) in _WORK_ACTIVITIES for e in chosen):
+            chosen = [e for e in chosen if e.activity_type in _WORK_ACTIVITIES]
+    else:
         chosen = [e for e in events if e.name.startswith("aten::")]
-    spans = sorted((r.start, r.end, (mode, int(bs), int(k))) for (mode, bs, k), r in markers)
     starts = [span[0] for span in spans]
     windows = {span[2]: Window() for span in spans}
-    attributed = 0
     for e in chosen:
         t = (e.time_range.start + e.time_range.end) / 2
         i = bisect_right(starts, t) - 1
@@ -162,7 +114,4 @@ def attribute(events: Any, cuda: bool) -> tuple[dict[tuple[str, int, int], Windo
         window.time_us += e.time_range.elapsed_us() if cuda else e.self_cpu_time_total
         window.events += 1
         window.ids.add(e.id)
-        window.first_start = min(window.first_start, e.time_range.start)
-        window.last_end = max(window.last_end, e.time_range.end)
-        attributed += 1
-    return windows, {"activity_types": dict(kinds), "used": len(chosen), "attributed_to_steps": attributed}
+    return windows

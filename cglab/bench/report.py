@@ -1,8 +1,5 @@
-"""Reading results: the tables the CLI prints, the ladder at one batch size, and the targets we set.
-
-The targets are ours, set before measuring; they are reported as measured, met or not, never asserted
-by a test (speed is a property of a machine, not of the code).
-"""
+"""Reading results: the tables the CLI prints, the ladder at one batch size, and our targets, set before
+measuring and reported as measured, never asserted by a test (speed belongs to a machine, not the code)."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ KERNEL_SET_LABELS = {"aten": "the ops' aten bodies", "triton": "the toy's Triton
 
 
 def kernel_set(result: BenchResult) -> str:
-    """The custom ops' kernels a run used. Runs recorded before ``--kernels`` existed ran the aten
-    bodies, the only kernels there were, and recorded no entry."""
+    """The custom ops' kernels a run used (runs recorded before ``--kernels`` ran the aten bodies)."""
     return result.environment.get("kernels") or "aten"
 
 
@@ -81,8 +77,7 @@ def startup_table(result: StartupResult) -> str:
 
 
 def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
-    """One row per mode at ``batch_size``, in ladder order: latency, launches, kernels, floor, and the
-    speed-up over eager (None without an eager row)."""
+    """One row per mode at ``batch_size``, in ladder order, with its speed-up over eager (None without one)."""
     rows = {r["mode"]: r for r in result.rows if r["batch_size"] == batch_size}
     eager = rows.get("none")
     return [
@@ -100,8 +95,7 @@ def ladder(result: BenchResult, batch_size: int) -> list[dict[str, Any]]:
 
 
 def kernel_sets_table(before: BenchResult, after: BenchResult, batch_size: int) -> str:
-    """Each mode at ``batch_size`` in two runs side by side (latency, kernels, kernel floor and distance to
-    the roofline), for the modes both have; each run names its kernel set in the header."""
+    """Each mode both runs have at ``batch_size``, side by side: latency, kernels, floor, times the roofline."""
     a, b = ({r["mode"]: r for r in ladder(res, batch_size)} for res in (before, after))
     names = [kernel_set(res) for res in (before, after)]
     roofs = [res.environment.get("roofline_us") or math.nan for res in (before, after)]
@@ -137,120 +131,55 @@ class Target:
 def targets(result: BenchResult, small_batch: int = 16, baseline: BenchResult | None = None) -> list[Target]:
     """The latency targets, from whichever of their modes the result has. ``baseline``: a run from before
     the fused kernels, whose FULL step the compiled FULL step is held against."""
-    found = []
-    compiled = _medians(result, "compiled_full")
-    if compiled and _medians(result, "full"):
-        worst = _worst(_ratios(compiled, _medians(result, "full"), small_batch))
-        if worst is not None:
-            found.append(
-                Target(
-                    "compiled FULL / FULL",
-                    "<= 0.6 at batch <= 16",
-                    worst[1],
-                    worst[1] <= 0.6,
-                    f"worst at batch {worst[0]}",
-                )
-            )
-    if compiled and _medians(result, "reduce_overhead"):
-        worst = _worst(_ratios(compiled, _medians(result, "reduce_overhead"), None))
-        if worst is not None:
-            found.append(
-                Target(
-                    'compiled FULL / torch.compile "reduce-overhead"',
-                    "<= 1.0 at every batch",
-                    worst[1],
-                    worst[1] <= 1.0,
-                    f"worst at batch {worst[0]}",
-                )
-            )
-    eager = _medians(result, "none")
-    first = min(compiled) if compiled else None
-    if first is not None and first in eager:
-        ratio = round(eager[first] / compiled[first], 3)
-        found.append(
-            Target(
-                "eager / compiled FULL",
-                f">= 8 at batch {first}",
-                ratio,
-                ratio >= 8,
-                f"{eager[first]:.0f} us over {compiled[first]:.0f} us",
-            )
-        )
-    return found + _fused_kernel_targets(result, small_batch, baseline)
-
-
-def _fused_kernel_targets(result: BenchResult, small_batch: int, baseline: BenchResult | None) -> list[Target]:
-    """The targets set for one fused kernel per attention-like op (Triton), at the smallest batch of the
-    compiled FULL rows and over the FULL rows up to ``small_batch``."""
-    found = []
-    full = {r["batch_size"]: r for r in result.rows if r["mode"] == "full" and r["batch_size"] <= small_batch}
-    floor = _worst(
-        {b: round(r["median_us"] / r["kernel_floor_us"], 3) for b, r in full.items() if r["kernel_floor_us"] > 0}
-    )
-    if floor is not None:
-        found.append(
-            Target(
-                "FULL replay / kernel floor",
-                f"<= 1.2 at batch <= {small_batch}",
-                floor[1],
-                floor[1] <= 1.2,
-                f"worst at batch {floor[0]}",
-            )
-        )
-    reads_all = [r for r in result.rows if r.get("attn_key_range", 0) >= result.config.get("max_model_len", math.inf)]
+    compiled, full, eager = (_column(result, mode) for mode in ("compiled_full", "full", "none"))
+    floor = {b: f for b, f in _column(result, "full", "kernel_floor_us").items() if f > 0}
+    first = min(compiled, default=None)
+    small = f"at batch <= {small_batch}"
+    peer = 'compiled FULL / torch.compile "reduce-overhead"'
+    found = [
+        _worst("compiled FULL / FULL", f"<= 0.6 {small}", compiled, full, small_batch),
+        _worst(peer, "<= 1.0 at every batch", compiled, _column(result, "reduce_overhead")),
+    ]
+    if first is not None:
+        e, c = eager.get(first, math.nan), compiled[first]
+        found.append(_target("eager / compiled FULL", f">= 8 at batch {first}", e / c, f"{e:.0f} us over {c:.0f} us"))
+    found.append(_worst("FULL replay / kernel floor", f"<= 1.2 {small}", full, floor, small_batch))
     if result.rows and "attn_key_range" in result.rows[0]:
-        found.append(
-            Target(
-                "rows whose attention reads max_model_len keys",
-                "0 (live keys only, every mode)",
-                len(reads_all),
-                not reads_all,
-                ", ".join(sorted({r["mode"] for r in reads_all})) or "every row reads the live keys",
-            )
+        limit = result.config.get("max_model_len", math.inf)
+        reads_all = [r["mode"] for r in result.rows if r["attn_key_range"] >= limit]
+        detail = ", ".join(sorted(set(reads_all))) or "every row reads the live keys"
+        name, goal = "rows whose attention reads max_model_len keys", "0 (live keys only, every mode)"
+        found.append(Target(name, goal, len(reads_all), not reads_all, detail))
+    if first is not None:
+        median = compiled[first]
+        kernels = next(r for r in result.rows if (r["mode"], r["batch_size"]) == ("compiled_full", first)).get(
+            "kernels"
         )
-    compiled = {r["batch_size"]: r for r in result.rows if r["mode"] == "compiled_full"}
-    if not compiled:
-        return found
-    first = min(compiled)
-    row = compiled[first]
-    found.append(
-        Target(
-            "compiled FULL step",
-            f"<= 300 us at batch {first}",
-            row["median_us"],
-            row["median_us"] <= 300,
-            f"{row['median_us']:.0f} us",
-        )
-    )
-    if not math.isnan(row.get("kernels", math.nan)):
-        found.append(
-            Target(
-                "kernels per compiled FULL step",
-                f"<= 100 at batch {first}",
-                row["kernels"],
-                row["kernels"] <= 100,
-                f"{_count(row['kernels'])} kernels",
-            )
-        )
-    roof = result.environment.get("roofline_us")
-    if roof:
-        ratio = round(row["median_us"] / roof, 3)
-        found.append(
-            Target("compiled FULL / roofline", f"<= 8 at batch {first}", ratio, ratio <= 8, f"roofline {roof:.1f} us")
-        )
-    before = _medians(baseline, "full").get(first) if baseline is not None else None
-    if before:
-        ratio = round(row["median_us"] / before, 3)
-        found.append(
-            Target(
+        roof = result.environment.get("roofline_us") or math.nan
+        before = _column(baseline, "full").get(first, math.nan) if baseline is not None else math.nan
+        at = f"at batch {first}"
+        found += [
+            _target("compiled FULL step", f"<= 300 us {at}", median, f"{median:.0f} us"),
+            _target("kernels per compiled FULL step", f"<= 100 {at}", kernels, f"{_count(kernels)} kernels"),
+            _target("compiled FULL / roofline", f"<= 8 {at}", median / roof, f"roofline {roof:.1f} us"),
+            _target(
                 "compiled FULL / the FULL step before the fused kernels",
-                f"<= 0.4 at batch {first}",
-                ratio,
-                ratio <= 0.4,
-                f"{row['median_us']:.0f} us over {before:.0f} us",
-            )
-        )
-    return found
+                f"<= 0.4 {at}",
+                median / before,
+                f"{median:.0f} us over {before:.0f} us",
+            ),
+        ]
+    return [t for t in found if t is not None]
+
+
+def _target(name: str, goal: str, measured: float | None, detail: str) -> Target | None:
+    """A target whose ``goal`` begins with its bound, ``"<= 0.6 ..."`` or ``">= 8 ..."``; None when
+    nothing was measured (nan)."""
+    if measured is None or math.isnan(measured):
+        return None
+    sign, bound = goal.split()[:2]
+    measured = round(measured, 3)
+    return Target(name, goal, measured, measured <= float(bound) if sign == "<=" else measured >= float(bound), detail)
 
 
 def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target]:
@@ -259,29 +188,25 @@ def startup_targets(result: StartupResult, seconds: float = 30.0) -> list[Target
         row = result.row("full_and_piecewise", "compiled")
     except KeyError:
         return []
-    total = round(row["compile_s"] + row["capture_s"], 3)
-    return [
-        Target(
-            "compiled FULL_AND_PIECEWISE start-up (compile + capture)",
-            f"<= {seconds:g} s",
-            total,
-            total <= seconds,
-            f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, capture {row['capture_s']:.1f} s",
-        )
-    ]
+    total = row["compile_s"] + row["capture_s"]
+    detail = f"{row['graphs']} graphs; compile {row['compile_s']:.1f} s, capture {row['capture_s']:.1f} s"
+    found = _target("compiled FULL_AND_PIECEWISE start-up (compile + capture)", f"<= {seconds:g} s", total, detail)
+    return [found] if found is not None else []
 
 
-def _medians(result: BenchResult, mode: str) -> dict[int, float]:
-    return {r["batch_size"]: r["median_us"] for r in result.rows if r["mode"] == mode}
+def _column(result: BenchResult, mode: str, column: str = "median_us") -> dict[int, float]:
+    return {r["batch_size"]: r[column] for r in result.rows if r["mode"] == mode}
 
 
-def _ratios(num: dict[int, float], den: dict[int, float], up_to: int | None) -> dict[int, float]:
-    return {b: round(num[b] / den[b], 3) for b in sorted(num) if b in den and (up_to is None or b <= up_to)}
-
-
-def _worst(ratios: dict[int, float]) -> tuple[int, float] | None:
-    """The batch size with the largest ratio (for an upper-bound goal, the one that decides it)."""
-    return max(ratios.items(), key=lambda item: item[1]) if ratios else None
+def _worst(
+    name: str, goal: str, num: dict[int, float], den: dict[int, float], up_to: int | None = None
+) -> Target | None:
+    """The target decided by the batch size with the largest ratio ``num / den`` (the goals are upper bounds)."""
+    ratios = {b: round(num[b] / den[b], 3) for b in sorted(num) if b in den and (up_to is None or b <= up_to)}
+    if not ratios:
+        return None
+    batch, worst = max(ratios.items(), key=lambda item: item[1])
+    return _target(name, goal, worst, f"worst at batch {batch}")
 
 
 def _count(value: float) -> str:

@@ -1,36 +1,32 @@
 """Running the benchmark: one runner per row kind, every (mode, batch size) timed in interleaved
-rounds, launches counted, then one profiler session, then the roofline.
-"""
+rounds, launches counted, then one profiler session, then the roofline."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, fields
+from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
-from cglab.bench.config import BenchConfig
-from cglab.bench.environment import collect_environment
-from cglab.bench.files import BenchResult
-from cglab.bench.modes import BENCH_MODES, bench_compiler
-from cglab.bench.peer import ReduceOverheadForward, capture_safe, cudagraph_skips, record_peer
+from cglab.bench.config import BenchConfig, toy_dict
+from cglab.bench.environment import collect_environment, measure_bandwidth, roofline
+from cglab.bench.files import CSV_COLUMNS, EXTRA_COLUMNS, BenchResult
+from cglab.bench.modes import BENCH_MODES, bench_compilation
 from cglab.bench.profiling import profile_steps
-from cglab.bench.roofline import measure_bandwidth, roofline
-from cglab.bench.timing import Samples, cpu_threads, split, stats, time_steps
+from cglab.bench.timing import Samples, split, stats, time_steps
 from cglab.compare import worst
-from cglab.compilation import CompiledModel
-from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode, ToyConfig
-from cglab.errors import ConfigError
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
 from cglab.kernels import triton_launches, use_kernels
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
-__all__ = ["build_order", "count_launches", "run_bench"]
+__all__ = ["count_launches", "run_bench"]
 
 _ROTATIONS = 8  # distinct token-id sets cycled through the timed steps
 _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
@@ -40,11 +36,9 @@ _REWARM = 3  # untimed steps before each later round
 def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     """Measure every (mode, batch size): time the steps, count launches, then profile kernels.
 
-    Timing runs in rounds that visit every mode and batch size in turn: a host's speed drifts over
-    seconds (shared machines, clocks), and interleaving spreads any drift over all rows instead of
-    biasing whichever ran during a slow spell. The profiler runs last, in one session, because its
-    tracing slows launches (and may stay attached after the session): nothing is timed after it.
-    """
+    Each timing round visits every row in turn, so a host's drift over seconds spreads over all rows
+    instead of biasing whichever ran during a slow spell. The profiler runs last: its tracing slows
+    launches, so nothing is timed after it."""
     device = resolve_device(config.device)
     toy = config.toy_config()
     environment = collect_environment(device)  # the date is the run's start
@@ -60,91 +54,56 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     keys = [(mode, batch_size) for mode in config.modes for batch_size in config.batch_sizes]
     samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
     runners: dict[str, ModelRunner] = {}
-    skips_before = cudagraph_skips()
+    threads = torch.get_num_threads()
     with (
-        cpu_threads(1 if device.type == "cpu" else None),
         use_kernels(config.kernels),
-        _progress_bar(len(rounds) * len(keys), progress) as status,
+        tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress) as bar,
     ):
         try:
-            # The peer first, with every graph of its recorded before any engine captures one: torch's
-            # graph trees clear cuBLAS's workspaces whenever they record, and an engine graph captured
-            # earlier would go on using its freed workspace (an illegal address, or another tensor's bytes).
-            for mode in build_order(config.modes):
-                status(f"{mode}: capture")
-                runners[mode] = _make_runner(mode, toy, config.batch_sizes, device, status)
-                status(f"{mode}: prefill")
+            # One intra-op thread on the CPU, as torch.utils.benchmark.Timer: on a shared machine a
+            # parallel op otherwise waits for a descheduled sibling thread.
+            torch.set_num_threads(1 if device.type == "cpu" else threads)
+            for mode in config.modes:
+                bar.set_postfix_str(f"{mode}: capture")
+                runners[mode] = _make_runner(mode, toy, config.batch_sizes, device, bar.set_postfix_str)
+                bar.set_postfix_str(f"{mode}: prefill")
                 _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
-                if BENCH_MODES[mode].flavor == "reduce-overhead":  # after the prefill: decode shapes only
-                    runners[mode].forward_model = ReduceOverheadForward(runners[mode].model)
-                    for batch_size in config.batch_sizes:
-                        record_peer(runners[mode], _prepare(runners[mode], mode, batch_size, decode))
             for round_index, repeats in enumerate(rounds):
                 for mode, batch_size in keys:
-                    status(f"round {round_index + 1}/{len(rounds)}: {mode}, batch {batch_size}")
+                    bar.set_postfix_str(f"round {round_index + 1}/{len(rounds)}: {mode}, batch {batch_size}")
                     prepared = _prepare(runners[mode], mode, batch_size, decode)
                     # Full warmup first; later rounds re-warm briefly (other runners ran in between).
                     warmup = config.warmup if round_index == 0 else min(config.warmup, _REWARM)
                     samples[mode, batch_size].extend(time_steps(runners[mode], prepared, rotations, warmup, repeats))
-                    status(None, 1)
-            rows = [
-                _row(
-                    mode,
-                    batch_size,
-                    environment["backend"],
-                    samples[mode, batch_size],
-                    config,
-                    runners[mode],
-                    _prepare(runners[mode], mode, batch_size, decode),
-                )
-                for mode, batch_size in keys
-            ]
+                    bar.update(1)
+            rows = [_row(runners[m], m, b, samples[m, b], config, decode) for m, b in keys]
             if "none" in runners:
                 environment["max_abs_diff_vs_eager"] = _check_outputs(runners, config.batch_sizes, decode)
-            status("profiling kernels")
+            bar.set_postfix_str("profiling kernels")
             profile_steps(
-                lambda mode, batch_size: _step_fn(runners[mode], _prepare(runners[mode], mode, batch_size, decode)),
+                lambda m, b: partial(runners[m].execute, _prepare(runners[m], m, b, decode)),
                 rows,
                 config.profile_steps,
                 device.type == "cuda",
-                environment,
             )
-            environment["startup_seconds"] = {
-                mode: _startup(runner) for mode, runner in runners.items() if runner.cudagraph_manager is not None
-            }
-            if "reduce_overhead" in runners:
-                environment["reduce_overhead_cudagraph_skips"] = cudagraph_skips() - skips_before
-            status("memory bandwidth")
+            bar.set_postfix_str("memory bandwidth")
             environment.update(roofline(next(iter(runners.values())).model, measure_bandwidth(device)))
         finally:
+            torch.set_num_threads(threads)
             for runner in runners.values():
                 runner.close()
     return BenchResult(
-        rows, environment, {**asdict(config), "toy_config": _toy_dict(toy), "capture_sizes": list(config.batch_sizes)}
+        rows, environment, {**asdict(config), "toy_config": toy_dict(toy), "capture_sizes": list(config.batch_sizes)}
     )
-
-
-def build_order(modes: Sequence[str]) -> list[str]:
-    """The order runners are built in: the peer (whose graph trees clear cuBLAS's workspaces when they
-    record) before every engine runner, the rest in ladder order."""
-    return sorted(modes, key=lambda m: BENCH_MODES[m].flavor != "reduce-overhead")
 
 
 def _make_runner(
-    mode: str, toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, status: Callable[..., None]
+    mode: str, toy: ToyConfig, capture_sizes: tuple[int, ...], device: torch.device, status: Callable[[str], Any]
 ) -> ModelRunner:
-    """A runner for ``mode``'s row with a graph for every batch size measured."""
+    """A runner for ``mode``'s row with a graph for every batch size measured; the plain model's
+    PIECEWISE is the breakable flavor."""
     kind = BENCH_MODES[mode]
-    # Every row but the compiled ones runs the plain model: breakable, where PIECEWISE applies.
-    # The address guard is a debugging aid, off on CUDA by default: keep it out of the timed replay on
-    # every backend so CPU and GPU time the same work.
-    cc = CompilationConfig(
-        kind.cg_mode,
-        capture_sizes,
-        use_breakable_cg=kind.flavor != "compiled",
-        backend=bench_compiler(device.type),
-        check_addresses=False,
-    )
+    cc = bench_compilation(kind.cg_mode, capture_sizes, device.type, breakable=kind.flavor != "compiled")
     return ModelRunner(toy, cc, device=device, progress=lambda d: status(f"captured {d}"))
 
 
@@ -166,12 +125,8 @@ def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int])
     kind = BENCH_MODES[mode]
     prepared = runner.prepare_step({f"req{i}": [decode[i]] for i in range(batch_size)})
     desc = prepared.descriptor
-    if desc.cg_mode is not kind.cg_mode or desc.num_tokens != batch_size:
-        raise ConfigError(
-            f"batch {batch_size} dispatched to {desc}, not to an unpadded {kind.cg_mode.name} step; "
-            "the benchmark captures exactly the batch sizes it measures"
-        )
-    return capture_safe(runner, prepared) if kind.flavor == "reduce-overhead" else prepared
+    assert desc.cg_mode is kind.cg_mode and desc.num_tokens == batch_size, f"{desc} for {mode} at batch {batch_size}"
+    return prepared
 
 
 def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], decode: list[int]) -> dict[str, float]:
@@ -187,27 +142,6 @@ def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], 
             per_size.append((logits.float() - reference.float()).abs().max().item())
         diffs[mode] = worst(per_size)  # a NaN stays NaN (max() would drop it)
     return diffs
-
-
-def _step_fn(runner: ModelRunner, prepared: PreparedStep) -> Callable[[], None]:
-    def run() -> None:
-        runner.execute(prepared)
-
-    return run
-
-
-def _startup(runner: ModelRunner) -> dict[str, float | None]:
-    """Compile and capture seconds of one runner (the profiling run compiles, before any capture)."""
-    manager = runner.cudagraph_manager
-    assert manager is not None and manager.capture_stats is not None
-    model = runner.forward_model if isinstance(runner.forward_model, CompiledModel) else None
-    compiled = None if model is None else model.compile_seconds
-    # A reused trace (compilation/caching.py) compiles in a fraction of a first start's time: said so.
-    return {
-        "compile": None if compiled is None else round(compiled, 3),
-        "trace_reused": None if model is None else model.trace_reused,
-        "warmup_and_capture": round(manager.capture_stats.seconds, 3),
-    }
 
 
 @contextmanager
@@ -235,12 +169,8 @@ def _uncounted(segments: Sequence[GraphSegment], counter: OpCounter) -> Iterator
 
 
 def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, int, int, int]:
-    """(launches, kernels, graph segments, eager breaks) of one step, counted structurally.
-
-    A graph's step is replayed once as it runs in the engine (the breakable loop over its steps, or
-    the compiled forward, whose pieces replay their graphs): each segment is one launch, and the ops
-    that run outside the segments (attention at the breaks) are counted one by one.
-    """
+    """(launches, kernels, graph segments, eager breaks) of one step, counted structurally: each graph
+    segment replayed is one launch, each op run outside the segments (attention at the breaks) is one."""
     desc = prepared.descriptor
     triton_before = triton_launches()  # Triton kernels run outside graphs; those inside never call Python
     if desc.cg_mode is CUDAGraphMode.NONE:
@@ -265,66 +195,16 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
 
 
 def _row(
-    mode: str,
-    batch_size: int,
-    backend: str,
-    samples: Samples,
-    config: BenchConfig,
-    runner: ModelRunner,
-    prepared: PreparedStep,
+    runner: ModelRunner, mode: str, batch_size: int, samples: Samples, config: BenchConfig, decode: list[int]
 ) -> dict[str, Any]:
-    kind = BENCH_MODES[mode]
-    if kind.flavor == "reduce-overhead":  # torch's graph trees: no structure of ours to count (the profiler can)
-        launches, kernels, segments, breaks = (math.nan,) * 4
-    else:
-        launches, kernels, segments, breaks = count_launches(runner, prepared)
-    # FULL graphs (and the peer's) froze capture-safe metadata: the aten body reads the model's whole key
-    # range there (a toy artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
-    frozen = (kind.cg_mode is CUDAGraphMode.FULL or kind.flavor == "reduce-overhead") and config.kernels == "aten"
+    prepared = _prepare(runner, mode, batch_size, decode)
+    launches, kernels, segments, breaks = count_launches(runner, prepared)
+    # FULL graphs froze capture-safe metadata: the aten body reads the model's whole key range there (a toy
+    # artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
+    frozen = BENCH_MODES[mode].cg_mode is CUDAGraphMode.FULL and config.kernels == "aten"
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
-    median, p10, p90 = stats(samples.device)
-    host_median, host_p10, host_p90 = stats(samples.host)
-    return {
-        "mode": mode,
-        "batch_size": batch_size,
-        "median_us": median,
-        "p10_us": p10,
-        "p90_us": p90,
-        "kernel_floor_us": math.nan,
-        "launches": launches,
-        "backend": backend,
-        "host_median_us": host_median,
-        "host_p10_us": host_p10,
-        "host_p90_us": host_p90,
-        "enqueue_median_us": stats(samples.enqueue)[0],
-        "kernel_span_us": math.nan,
-        "kernels": kernels,
-        "counted_launches": launches,
-        "graph_segments": segments,
-        "eager_breaks": breaks,
-        "attn_key_range": key_range,
-        "repeats": len(samples.device),
-    }
-
-
-def _toy_dict(toy: ToyConfig) -> dict[str, Any]:
-    return {f.name: getattr(toy, f.name) for f in fields(toy) if f.init}
-
-
-@contextmanager
-def _progress_bar(total: int, enabled: bool) -> Iterator[Callable[..., None]]:
-    """``status(text, advance=0)``: a tqdm bar over the measurements, or nothing when disabled."""
-    if not enabled:
-        yield lambda text=None, advance=0: None
-        return
-    from tqdm.auto import tqdm
-
-    with tqdm(total=total, desc="bench", unit="size") as bar:
-
-        def status(text: str | None = None, advance: int = 0) -> None:
-            if text is not None:
-                bar.set_postfix_str(text)
-            if advance:
-                bar.update(advance)
-
-        yield status
+    # In column order; the profiler fills kernel_floor_us (nan until then).
+    backend = "cuda" if runner.device.type == "cuda" else "sim"
+    main = (mode, batch_size, *stats(samples.device), math.nan, launches, backend)
+    counts = (kernels, launches, segments, breaks, key_range, len(samples.device))
+    return dict(zip((*CSV_COLUMNS, *EXTRA_COLUMNS), (*main, stats(samples.enqueue)[0], *counts), strict=True))

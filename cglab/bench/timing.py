@@ -1,14 +1,12 @@
-"""Timing decode steps: CUDA events for device time, the host clock for what a caller waits for,
-and the statistics the results report (median, p10, p90).
-"""
+"""Timing decode steps (CUDA events on a GPU, the host clock on the CPU) and the statistics the results
+report: median, p10, p90."""
 
 from __future__ import annotations
 
 import gc
 import statistics
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,29 +14,24 @@ import torch
 
 from cglab.runner import ModelRunner, PreparedStep
 
-__all__ = ["Samples", "cpu_threads", "split", "stats", "time_steps"]
+__all__ = ["Samples", "split", "stats", "time_steps"]
 
 
 @dataclass
 class Samples:
-    """Per-step microseconds: device time (CUDA events; the host clock on the CPU), host time until
-    the result is ready, and host time until ``execute`` returned (launching, before waiting)."""
+    """Per-step microseconds: device time (CUDA events; the host clock on the CPU), and host time until
+    ``execute`` returned (launching, before waiting)."""
 
     device: list[float] = field(default_factory=list)
-    host: list[float] = field(default_factory=list)
     enqueue: list[float] = field(default_factory=list)
 
     def extend(self, other: Samples) -> None:
         self.device += other.device
-        self.host += other.host
         self.enqueue += other.enqueue
 
 
 def stats(values: Sequence[float]) -> tuple[float, float, float]:
-    """Median, 10th and 90th percentile, to the nanosecond (as saved, so a result equals its reload).
-
-    The median, not the mean: one descheduled step would drag a mean far from the typical step.
-    """
+    """Median (one descheduled step drags a mean far away), 10th and 90th percentile, to the nanosecond."""
     deciles = statistics.quantiles(values, n=10, method="inclusive")
     return round(statistics.median(values), 3), round(deciles[0], 3), round(deciles[-1], 3)
 
@@ -51,12 +44,8 @@ def split(total: int, parts: int) -> list[int]:
 def time_steps(
     runner: ModelRunner, prepared: PreparedStep, rotations: torch.Tensor, warmup: int, repeats: int
 ) -> Samples:
-    """Time ``repeats`` steps of ``prepared``, each from an idle device, after ``warmup`` untimed ones.
-
-    Starting idle means the device time of an eager step includes the gaps in which the GPU waits
-    for the CPU to launch: that is the cost being measured. Token ids are rotated between steps,
-    outside the timed region, so no step re-reads exactly the inputs of the one before.
-    """
+    """Time ``repeats`` steps of ``prepared`` after ``warmup`` untimed ones, each from an idle device (so an
+    eager step's device time includes the GPU's waits for launches), with new token ids each (untimed)."""
     cuda = runner.device.type == "cuda"
     input_ids = runner.input_buffers.input_ids[: prepared.num_tokens]
 
@@ -87,27 +76,13 @@ def time_steps(
                 end.record()
             t1 = time.perf_counter_ns()
             sync()
-            out.host.append((time.perf_counter_ns() - t0) / 1e3)
             out.enqueue.append((t1 - t0) / 1e3)
             if cuda:
                 events.append((start, end))
+            else:
+                out.device.append((time.perf_counter_ns() - t0) / 1e3)
     finally:
         if gc_was_enabled:
             gc.enable()
-    out.device = [start.elapsed_time(end) * 1e3 for start, end in events] if cuda else list(out.host)
+    out.device += [start.elapsed_time(end) * 1e3 for start, end in events]
     return out
-
-
-@contextmanager
-def cpu_threads(count: int | None) -> Iterator[None]:
-    """One intra-op thread on the CPU, as ``torch.utils.benchmark.Timer`` defaults to: on a shared
-    machine a parallel op otherwise waits for a descheduled sibling thread, and times explode."""
-    if count is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
