@@ -1,22 +1,21 @@
-"""One dynamo trace per model fingerprint, then the traced graph called directly (vLLM: the compile
-cache, ``vllm/compilation/caching.py``, which loads a compiled forward saved under a hash of the
-configs and the code, so that a restart runs no dynamo; and the no-guards wrapper, which sends every
-call after the first straight to the compiled code).
+"""A test-speed device, off the lesson's path: models with equal fingerprints share one dynamo trace.
 
-Dynamo turns ``forward`` into one FX graph whose placeholders are the model's parameters and buffers,
-the call's tensors and the token count. After that one trace, ``GraphInputs`` reads those values
-where dynamo's sources say they come from and calls the graph: no frame evaluation, no guards. A
-notebook or a test session builds dozens of identical engines in one process, and dynamo's trace is
-most of their start-up on a CPU, so models with equal ``trace_fingerprint`` share one trace. Every
-engine still runs its own backend on it: its own split graph, pieces, wrappers and graphs.
+A notebook or a test session builds dozens of identical engines in one process, and dynamo's trace is
+most of their start-up on a CPU. ``install()`` (called by the tests' conftest and ``setup_notebook``)
+replaces ``CompiledModel.compile``: the first model of a fingerprint traces, and notes where each
+placeholder of dynamo's graph reads its value (a parameter or buffer, an input or its size); later ones
+run their own backend on that graph (their own split graph, pieces, wrappers and graphs) and call it
+directly. vLLM's compile cache (``vllm/compilation/caching.py``) saves a compiled forward to disk under
+a hash of the configs and the code instead, so that a restart runs no dynamo.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cglab.compilation.wrapper import CompiledModel, compile_forward, trace
 from cglab.errors import CaptureError
 from cglab.forward_context import forward_context_has_metadata
 
@@ -82,16 +82,6 @@ class GraphInputs:
             else:
                 bound.append((source[1], source[2]))
         return bound
-
-
-def placeholder_sources(graph: torch.fx.GraphModule) -> list[str]:
-    """Dynamo's source of each placeholder, e.g. ``L['input_ids']``; read while the backend has the
-    graph (dynamo drops these annotations once it returns)."""
-    names = []
-    for node in graph.graph.find_nodes(op="placeholder"):
-        grapharg = node.meta.get("grapharg")
-        names.append(grapharg.source.name if grapharg is not None and grapharg.source is not None else node.name)
-    return names
 
 
 def call_args(bound: list[Any], inputs: Sequence[torch.Tensor]) -> list[Any]:
@@ -169,16 +159,53 @@ def disabled() -> Iterator[None]:
         _disabled.reset(token)
 
 
-def cached_trace(fingerprint: Hashable | None) -> Trace | None:
-    if fingerprint is None or fingerprint not in _TRACES:
-        return None
-    _TRACES.move_to_end(fingerprint)
-    return _TRACES[fingerprint]
+def _compile(model: CompiledModel, *inputs: torch.Tensor) -> torch.Tensor:
+    """``CompiledModel.compile`` with the cache: reuse the trace of an equal model, or trace and save it."""
+    fingerprint = trace_fingerprint(model.model, inputs) if model.backend.compiler == "eager" else None
+    saved = _TRACES.get(fingerprint) if fingerprint is not None else None
+    if saved is not None:  # the same graph through this model's own backend: its own pieces, wrappers
+        _TRACES.move_to_end(fingerprint)
+        model.backend(saved.graph, [])
+        _use(model, saved, reused=True)
+        return model._compiled(*inputs)
+    traced: list[Trace] = []
+    names = [name for name in inspect.signature(type(model.model).forward).parameters if name != "self"]
+    backend, num_tokens = model.backend, inputs[0].shape[0]
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        # Dynamo keeps this function for the life of the process: it must not hold the model.
+        # It reads the placeholders' sources while it may: dynamo drops them once this returns.
+        sources = [_source_name(node) for node in gm.graph.find_nodes(op="placeholder")]
+        traced.append(Trace(gm, GraphInputs.of(sources, names), num_tokens))
+        return backend(gm, example_inputs)
+
+    try:
+        return trace(compile_forward(model.model, record), inputs)
+    finally:  # also when the run after the trace raised (a strict layer): the trace itself is done
+        if traced:
+            _use(model, traced[0], reused=False)
+            if fingerprint is not None:
+                _TRACES[fingerprint] = traced[0]
+                while len(_TRACES) > MAX_TRACES:
+                    _TRACES.popitem(last=False)
 
 
-def save_trace(fingerprint: Hashable | None, trace: Trace) -> None:
-    if fingerprint is None:
-        return
-    _TRACES[fingerprint] = trace
-    while len(_TRACES) > MAX_TRACES:
-        _TRACES.popitem(last=False)
+def _source_name(node: torch.fx.Node) -> str:
+    grapharg = node.meta.get("grapharg")
+    return grapharg.source.name if grapharg is not None and grapharg.source is not None else node.name
+
+
+def _use(model: CompiledModel, saved: Trace, reused: bool) -> None:
+    """From now on ``model`` calls the backend's split graph itself: no frame evaluation, no guards."""
+    bound, split_gm = saved.inputs.bind(model.model), model.backend.split_gm
+    assert split_gm is not None
+    model._compiled = lambda *inputs: split_gm(*call_args(bound, inputs))[0]
+    model.traced_num_tokens, model.trace_reused = saved.num_tokens, reused
+
+
+PLAIN_COMPILE = CompiledModel.compile
+
+
+def install() -> None:
+    """Share traces between equal models from now on, in this process."""
+    CompiledModel.compile = _compile  # type: ignore[method-assign]

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from cglab.compilation import caching
 from cglab.compilation_config import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
 
@@ -24,6 +25,7 @@ def setup_notebook(device: str | None = None) -> str:
             "call setup_notebook() to run on the CPU simulator of CUDA graphs"
         )
     torch.set_num_threads(1)
+    caching.install()  # the notebooks build dozens of identical engines: they share one dynamo trace
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if chosen == "cuda":
         os.environ.setdefault(COMPILE_BACKEND_ENV, "eager")
