@@ -105,12 +105,6 @@ def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> N
     patched.close()
 
 
-def test_the_switch_turns_sharing_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(caching.DISABLE_ENV, "1")
-    _runner().close()
-    assert not _runner().forward_model.trace_reused
-
-
 def test_the_startup_benchmark_traces_every_engine_itself() -> None:
     """A start-up row times a first start: a reused trace would time a fraction of it."""
     from cglab.bench.startup import _cold_compiles
