@@ -255,6 +255,7 @@ class CudaGraphManager:
         self.capture_stats: CaptureStats | None = None
         self.released = False
 
+    @torch.inference_mode()
     def capture(
         self, create_forward_fn: ForwardFnFactory, progress: Callable[[BatchExecutionDescriptor], None] | None = None
     ) -> None:

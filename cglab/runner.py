@@ -29,7 +29,7 @@ from cglab.cudagraph_utils import (
 )
 from cglab.errors import RELEASED, CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
-from cglab.graphs import CapturedGraph, GraphBackend, get_backend
+from cglab.graphs import CapturedGraph, get_backend
 from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, prepare_attn
 from cglab.model import ToyTransformer
 from cglab.requests import BlockPool, RequestState
@@ -73,7 +73,14 @@ class StepOutput:
 
 
 class ModelRunner:
-    """A toy engine: a model, its persistent buffers, its metadata builders and its graphs."""
+    """A toy engine: a model, its persistent buffers, its metadata builders and its graphs.
+
+    ``compilation_config``, or a mode name (``"none"``: the eager reference every comparison uses), is
+    kept resolved (``CompilationConfig.resolve``). ``builders``: metadata builders by layer kind, replacing
+    the defaults. ``progress(desc)``: called after each capture. ``speculative_config``: serve a drafter
+    (``cglab.spec_decode``), which captures with this runner's ``graph_backend``. ``forward_model`` is what
+    every step calls: the model, or (compiled flavor) the model through torch.compile.
+    """
 
     def __init__(
         self,
@@ -85,49 +92,31 @@ class ModelRunner:
         progress: Callable[[BatchExecutionDescriptor], None] | None = None,
         speculative_config: SpeculativeConfig | None = None,
     ) -> None:
-        """``compilation_config``: how to compile and capture, or a mode name for a config with only
-        that mode (``"none"``: the eager reference every comparison uses); the runner keeps it resolved
-        (``CompilationConfig.resolve``: a mode no builder can serve is lowered, as vLLM does at start-up).
-        ``builders``: metadata builders by layer kind, replacing the defaults. ``progress(desc)``: called
-        after each capture. ``speculative_config``: serve a drafter (``cglab.spec_decode``):
-        uniform-decode graphs for ``K + 1`` tokens per request, the draft layers' metadata in every step,
-        and the last hidden states appended to every output row.
-        """
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
         self.attn_groups = build_attn_groups(config, self.device, builders, layers)
-        cc = self.compilation_config = CompilationConfig.of(compilation_config).resolve(
-            config, self.device, self.attn_groups, decode_query_len
-        )
+        cc = CompilationConfig.of(compilation_config).resolve(config, self.device, self.attn_groups, decode_query_len)
+        self.compilation_config = cc
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
-        # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
-        self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
-        self.input_buffers = InputBuffers(
-            config.max_num_reqs, config.max_num_tokens, self.device, cc.pre_49751_dummy_split
-        )
-        self.block_tables = BlockTables(
-            config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens, self.device
-        )
-        self.dispatcher = CudagraphDispatcher(
-            cc.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs, decode_query_len
-        )
+        reqs, tokens = config.max_num_reqs, config.max_num_tokens
+        self.input_buffers = InputBuffers(reqs, tokens, self.device, cc.pre_49751_dummy_split)
+        self.block_tables = BlockTables(reqs, config.max_blocks_per_req, config.block_size, tokens, self.device)
+        self.dispatcher = CudagraphDispatcher(cc.cudagraph_mode, cc.cudagraph_capture_sizes, reqs, decode_query_len)
         self.block_pool = BlockPool(config.num_blocks)
         self.requests: dict[str, RequestState] = {}
+        graphs = cc.cudagraph_mode is not CUDAGraphMode.NONE
+        backend = self.graph_backend = get_backend(cc.graph_backend, self.device) if graphs else None
+        self.forward_model: Callable[..., torch.Tensor] = build_forward_model(self.model, cc, backend)
         self.cudagraph_manager: CudaGraphManager | None = None
-        self.graph_backend: GraphBackend | None = None  # a drafter captures with the target's
-        if cc.cudagraph_mode is not CUDAGraphMode.NONE:
-            self.graph_backend = get_backend(cc.graph_backend, self.device)
-            self.forward_model = build_forward_model(self.model, cc, self.graph_backend)
+        self.profile_run()
+        if backend is not None:
             self.cudagraph_manager = CudaGraphManager(
-                self.graph_backend, self.dispatcher, cc.check_addresses, shared_warmup=not cc.use_breakable_cg
+                backend, self.dispatcher, cc.check_addresses, not cc.use_breakable_cg
             )
-        with torch.inference_mode():
-            self.profile_run()
-            if self.cudagraph_manager is not None:
-                self.cudagraph_manager.capture(self.create_forward_fn, progress)
+            self.cudagraph_manager.capture(self.create_forward_fn, progress)
 
     @property
     def compiled_backend(self) -> CglabBackend | None:
@@ -167,6 +156,7 @@ class ModelRunner:
         return self.cudagraph_manager.backend.name if self.cudagraph_manager else "eager"
 
     # ------------------------------------------------------------ start-up
+    @torch.inference_mode()
     def profile_run(self) -> None:
         """One forward over the largest batch with no metadata before any capture, as vLLM's start-up
         runs to measure memory: layers see ``attn_metadata=None`` and take their profiling branch.
@@ -372,18 +362,12 @@ def prepare_inputs(
 
 def parse_token_ids(req_id: str, ids: object) -> list[int]:
     """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
-    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable) or getattr(ids, "ndim", 1) == 0:
         raise ConfigError(
             f"request {req_id!r} must get a list of token ids, got {ids!r}; "
             f"write {{{req_id!r}: [5]}} for a single token"
         )
-    try:
-        values = list(ids)
-    except TypeError:  # a 0-d tensor is Iterable to Python but cannot be iterated
-        raise ConfigError(
-            f"request {req_id!r} must get a list of token ids, got {ids!r}; "
-            f"write {{{req_id!r}: [5]}} for a single token"
-        ) from None
+    values = list(ids)
     try:
         if not any(isinstance(t, bool) for t in values):  # True is an int to Python, never a token
             return [operator.index(t) for t in values]

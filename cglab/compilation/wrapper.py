@@ -112,11 +112,13 @@ class CompiledModel:
         return trace(self._compiled, inputs)
 
 
-def build_forward_model(model: nn.Module, cc: CompilationConfig, graph_backend: GraphBackend) -> nn.Module:
-    """What every step calls, for a resolved ``cc`` that captures graphs: the model through torch.compile,
-    split at ``cc.splitting_ops`` with a ``CUDAGraphWrapper`` per piece where the policy captures PIECEWISE
-    graphs; or (breakable) the plain model, inside one breakable wrapper where it does. The target and
-    the drafter both build theirs here (a splitting op the drafter lacks matches no node)."""
+def build_forward_model(model: nn.Module, cc: CompilationConfig, graph_backend: GraphBackend | None) -> Any:
+    """What every step calls, for a resolved ``cc``: the model itself where no graph is captured; the model
+    through torch.compile, split at ``cc.splitting_ops`` with a ``CUDAGraphWrapper`` per piece where the
+    policy captures PIECEWISE graphs; or (breakable) the plain model, inside one breakable wrapper where it
+    does. The target and the drafter both build theirs here (a splitting op the drafter lacks matches no node)."""
+    if graph_backend is None:
+        return model
     piecewise = CUDAGraphMode.PIECEWISE in cc.cudagraph_mode.runtime_modes()
     if not cc.use_breakable_cg:
         backend = CglabBackend(
