@@ -40,8 +40,8 @@ class CompilationConfig:
     ``cudagraph_capture_sizes``: the token counts graphs are captured for (sorted; empty: none).
     ``use_breakable_cg``: PIECEWISE as one breakable capture of the plain model, instead of
     torch.compile pieces split at ``splitting_ops`` (None: the model's attention ops).
-    ``backend``: how compiled pieces are compiled; ``"auto"`` is inductor on CUDA and the FX piece
-    as it is on the CPU, unless ``$CGLAB_COMPILE_BACKEND`` says otherwise.
+    ``backend``: how compiled pieces are compiled; ``"auto"``: ``$CGLAB_COMPILE_BACKEND``, else inductor
+    on CUDA (vLLM's) and the FX piece as it is on the CPU (no C++ toolchain needed).
     ``legacy_skip_attn``: capture with the code from before vLLM PR #49364 (the bug).
     ``uniform_decode_by_shape``: classify a batch as uniform decode by its shape alone, as vLLM did
     before PR #51865 (a prompt chunk of one token per request then takes a decode graph).
@@ -100,16 +100,10 @@ class CompilationConfig:
         attn_groups: Sequence[AttentionGroup],
         decode_query_len: int = 1,
     ) -> CompilationConfig:
-        """A new config with nothing left to decide, for ``config`` on ``device`` with these metadata builders.
-
-        The one place where "auto" and None are resolved: the splitting ops (None: the model's attention
-        ops, vLLM's default), the compiler (``$CGLAB_COMPILE_BACKEND``, else inductor on CUDA as vLLM and
-        eager on the CPU, where the simulator records the FX pieces' aten ops), the graph backend and the
-        address check by device (on for the simulator; on CUDA graphs it costs time), and the
-        mode lowered to what the least capable builder supports, with ``cudagraph_mode_note`` saying why
-        (vLLM resolves its ``VllmConfig`` once at start-up). ``decode_query_len``: tokens per request in a
-        uniform decode batch (``K + 1`` under speculative decoding).
-        """
+        """A new config with nothing left to decide, for ``config`` on ``device`` with these metadata builders
+        (``decode_query_len``: ``K + 1`` under speculative decoding). The one place where "auto" and None
+        are resolved, as vLLM resolves its ``VllmConfig`` once at start-up; the mode is lowered to what the
+        least capable builder supports, and ``cudagraph_mode_note`` says why."""
         layer_ops = [OP_OF_KIND[k] for k in dict.fromkeys(config.layers)]
         if self.use_breakable_cg:
             ops: tuple[str, ...] = ()  # breakable graphs split where the model calls an eager break
@@ -171,8 +165,7 @@ class CompilationConfig:
         return resolved
 
     def _check_capture_sizes(self, config: ToyConfig) -> None:
-        """Every capture size fits ``config`` (vLLM checks them against the scheduler's limits): no more
-        tokens than a step may hold, and a dummy capture batch whose longest request fits a request."""
+        """Every capture size fits a step, and its dummy capture batch's longest request fits a request."""
         sizes = self.cudagraph_capture_sizes
         if sizes and max(sizes) > config.max_num_batched_tokens:
             raise ConfigError(
@@ -196,14 +189,11 @@ class CompilationConfig:
 
     @property
     def piecewise_flavor(self) -> str:
-        """``"breakable"`` or ``"compiled"``, as the notebooks and the command line name them."""
         return "breakable" if self.use_breakable_cg else "compiled"
 
 
 def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:
-    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``):
-    breakable graphs always break at it; compiled ones when every attention op of the model is a
-    splitting op."""
+    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``)."""
     if flavor == "breakable":
         return True
     attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
@@ -218,13 +208,9 @@ def resolve_cudagraph_mode(
     splitting_ops_contain_attention: bool,
     uniform_decode_query_len: int = 1,
 ) -> tuple[CUDAGraphMode, str | None]:
-    """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
-    saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
-
-    Mixed FULL graphs need ``ALWAYS``; FULL graphs of any kind need more than ``NEVER``; speculative
-    decoding's uniform FULL graphs (``uniform_decode_query_len`` > 1) need ``UNIFORM_BATCH``. A mode
-    that cannot be lowered to something sensible is a ConfigError that names the remedy.
-    """
+    """The mode to run when the least capable builder has ``min_support``, and a note saying what was
+    lowered and why (vLLM: ``resolve_cudagraph_mode_and_sizes``). Mixed FULL graphs need ``ALWAYS``, any
+    FULL graph more than ``NEVER``, and speculative decoding's FULL graphs ``UNIFORM_BATCH``."""
     support = f"{builder_name}'s cudagraph_support is {min_support.name}"
     notes: list[str] = []
 
@@ -266,17 +252,11 @@ def resolve_cudagraph_mode(
             "batches need UNIFORM_BATCH or more"
         )
         resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
-    if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
-        # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
-        raise ConfigError(
-            f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
-            "'piecewise', with attention among the splitting ops"
-        )
     return resolved, "; then ".join(notes) or None
 
 
 def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ...]:
-    """Known op names, at least one, each once; compiled PIECEWISE only (the model: ``resolve_splitting_ops``)."""
+    """Known op names, at least one, each once; compiled PIECEWISE only (the model's: ``resolve``)."""
     if use_breakable_cg:
         raise ConfigError(
             "splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "

@@ -66,12 +66,6 @@ def split_graph(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> tuple
     return split_gm, items
 
 
-def splitting_op_called(item: SplitItem) -> str:
-    """The op a splitting submodule calls (for display)."""
-    names = [n for n in (op_name(node) for node in item.graph.graph.nodes) if n]
-    return ", ".join(names) or item.submod_name
-
-
 class CglabBackend:
     """A ``torch.compile`` backend: split, compile each piece, wrap each piece for PIECEWISE capture.
 
