@@ -14,10 +14,10 @@ from cglab.config import (
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
-    check_no_empty_item,
     check_num_speculative_tokens,
     check_sizes,
     dummy_longest_request,
+    parse_names,
 )
 from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
@@ -262,23 +262,14 @@ def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ..
             "splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
             "graphs split where the eager-break functions are called (attention)"
         )
-    parts = value.split(",") if isinstance(value, str) else value
-    if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise ConfigError(
-            f"splitting_ops must be a list of op names such as ['cglab::unified_attention'], got {value!r}"
-        )
-    names = [p.strip() for p in parts]
-    if not any(names):
-        raise ConfigError(
-            "splitting_ops is empty: compiled PIECEWISE needs at least one op to split at; "
-            "for one graph over the whole forward use mode 'full'"
-        )
-    check_no_empty_item("splitting_ops", value, names)
-    unknown = [op for op in names if op not in OP_OF_KIND.values()]
-    if unknown:
-        raise ConfigError(
-            f"unknown splitting op(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(OP_OF_KIND.values())}"
-        )
+    names = parse_names(
+        value,
+        tuple(OP_OF_KIND.values()),
+        what="splitting_ops",
+        item="splitting op",
+        example="a list of op names such as ['cglab::unified_attention']",
+        if_empty="compiled PIECEWISE splits at one op or more; for one graph over the whole forward use mode 'full'",
+    )
     return tuple(dict.fromkeys(names))
 
 

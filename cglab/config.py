@@ -108,26 +108,37 @@ def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
         raise ConfigError(f"{what} {given!r} has an empty item (two commas in a row, or one at an end); remove it")
 
 
-def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and items and unknown kinds."""
-    parts = pattern.split(",") if isinstance(pattern, str) else pattern
+def parse_names(
+    value: object, valid: Sequence[str], *, what: str, item: str, example: str, if_empty: str, lower: bool = False
+) -> tuple[str, ...]:
+    """``"a,b"`` or ``["a", "b"]`` as names from ``valid``, at least one; ``what`` names the list in errors,
+    ``item`` one name ("layer kind": "valid kinds")."""
+    parts = value.split(",") if isinstance(value, str) else value
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise ConfigError(
-            f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, got {pattern!r}"
-        )
-    kinds = tuple(p.strip().lower() for p in parts)
-    if not any(kinds):
-        raise ConfigError(
-            "the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
-            f"or 'linear_attn,attn' (valid kinds: {', '.join(LAYER_KINDS)})"
-        )
-    check_no_empty_item("the layer pattern", pattern, kinds)
-    unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
+        raise ConfigError(f"{what} must be {example}, got {value!r}")
+    names = tuple(p.strip().lower() if lower else p.strip() for p in parts)
+    if not any(names):
+        raise ConfigError(f"{what} is empty; {if_empty}")
+    check_no_empty_item(what, value, names)
+    unknown = [n for n in dict.fromkeys(names) if n not in valid]
     if unknown:
         raise ConfigError(
-            f"unknown layer kind(s) {', '.join(map(repr, unknown))}; valid kinds: {', '.join(LAYER_KINDS)}"
+            f"unknown {item}(s) {', '.join(map(repr, unknown))}; valid {item.split()[-1]}s: {', '.join(valid)}"
         )
-    return kinds
+    return names
+
+
+def parse_layer_pattern(pattern: object) -> tuple[str, ...]:
+    """``"sconv,attn"`` -> ``("sconv", "attn")``."""
+    return parse_names(
+        pattern,
+        LAYER_KINDS,
+        what="the layer pattern",
+        item="layer kind",
+        example="a string such as 'sconv,attn' or a list of kinds",
+        if_empty=f"give comma-separated kinds such as 'sconv,attn' (valid kinds: {', '.join(LAYER_KINDS)})",
+        lower=True,
+    )
 
 
 PIECEWISE_FLAVORS = ("compiled", "breakable")

@@ -1,9 +1,6 @@
-"""``ModelRunner``: one decode step from the request to the logits (vLLM: ``gpu/model_runner.py``).
-
-``step`` writes the batch into the persistent buffers, builds metadata into the builders' buffers,
-dispatches to a captured graph, and replays it, or runs the model eagerly when no graph fits.
-A runner created with ``cudagraph_mode="none"`` is the eager reference every comparison uses.
-"""
+"""``ModelRunner``: one step from the request to the logits (vLLM: ``gpu/model_runner.py``). ``step``
+writes the batch into the persistent buffers, builds its metadata, dispatches it and replays a graph (or
+runs the model eagerly when no graph fits)."""
 
 from __future__ import annotations
 
@@ -158,14 +155,10 @@ class ModelRunner:
     # ------------------------------------------------------------ start-up
     @torch.inference_mode()
     def profile_run(self) -> None:
-        """One forward over the largest batch with no metadata before any capture, as vLLM's start-up
-        runs to measure memory: layers see ``attn_metadata=None`` and take their profiling branch.
-
-        Compiled, this is the first call: dynamo traces here, at the largest size (never at a capture
-        size: inductor on CUDA cannot lower a model traced at 1 token), and decides a guard in plain
-        Python (``ToyConfig(python_guards=True)``) for good. Strict layers have no profiling branch: the
-        run stops in the first one (vLLM's would crash), after the trace, so they fail at capture.
-        """
+        """One forward over the largest batch with no metadata, as vLLM's start-up runs to measure memory:
+        layers take their ``attn_metadata=None`` branch. Compiled, dynamo traces here, at the largest size
+        (inductor cannot lower a model traced at 1 token), and decides a ``python_guards`` guard for good.
+        A strict layer stops the run after the trace (vLLM's would crash), so it fails at capture."""
         num_tokens = self.config.max_num_tokens
         try:
             with set_forward_context(None, CUDAGraphMode.NONE):

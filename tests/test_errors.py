@@ -78,7 +78,7 @@ COMPILATION_CONFIG_CASES = {
     "splitting ops not a list": (dict(splitting_ops=5), "list of op names"),
     "no splitting op": (dict(splitting_ops=" , "), "for one graph over the whole forward use mode 'full'"),
     "empty splitting op": (dict(splitting_ops="cglab::short_conv,,"), "has an empty item"),
-    "unknown splitting op": (dict(splitting_ops=["cglab::attn"]), "valid names: cglab::unified_attention"),
+    "unknown splitting op": (dict(splitting_ops=["cglab::attn"]), "valid ops: cglab::unified_attention"),
 }
 
 

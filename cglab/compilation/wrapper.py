@@ -28,12 +28,8 @@ from cglab.graphs import GraphBackend
 
 
 def fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
-    """``model.forward`` with a code object of its own.
-
-    Dynamo keeps compiled graphs per code object, and caps how many it keeps. vLLM has one model per
-    process; a notebook or a test session here builds dozens, each with its own backend, and would hit
-    that cap. A private copy of the code gives every model its own cache, freed with the model.
-    """
+    """``model.forward`` with a code object of its own: dynamo caps the graphs it keeps per code object,
+    and a notebook builds dozens of models (vLLM has one per process)."""
     fn = type(model).forward
     copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
