@@ -24,7 +24,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -182,14 +182,10 @@ def create_capture_forward(
     return CaptureForward(forward, reads(attn_metadata))
 
 
-class ForwardFnFactory(Protocol):
-    def __call__(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
-        """A forward over ``desc``'s dummy batch.
-
-        Called twice per graph, once for warmup and once for capture, each time preparing fresh
-        inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that way).
-        ``LazyPlanAttentionMetadataBuilder`` (``cglab.metadata``) is that case, runnable under FULL.
-        """
+# ``(desc, warmup)``: a forward over ``desc``'s dummy batch, called twice per graph (warmup, then capture),
+# each time with fresh inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that
+# way; ``LazyPlanAttentionMetadataBuilder`` in ``cglab.metadata`` is that case, runnable under FULL).
+ForwardFnFactory = Callable[[BatchExecutionDescriptor, bool], CaptureForward]
 
 
 # A tensor's address as a graph bakes it in: where its first element lives and how it is laid out.
@@ -277,13 +273,13 @@ class CudaGraphManager:
 
     def _capture_one(self, desc: BatchExecutionDescriptor, create_forward_fn: ForwardFnFactory) -> CaptureForward:
         piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
-        forward_fn = create_forward_fn(desc, warmup=not (piecewise and self.shared_warmup))
+        forward_fn = create_forward_fn(desc, not (piecewise and self.shared_warmup))
         # The warmup every graph gets (PyTorch's advice too): first uses, such as cuBLAS on the capture
         # stream, happen here rather than inside the capture. It changes no value on the simulator.
         with self.backend.warmup_context():
             forward_fn(CUDAGraphMode.NONE)
         if not (piecewise and self.shared_warmup):
-            forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
+            forward_fn = create_forward_fn(desc, False)  # fresh metadata, not the warmup's
         if piecewise:
             with cudagraph_capturing_enabled():
                 forward_fn(CUDAGraphMode.PIECEWISE)  # the model's wrappers capture
