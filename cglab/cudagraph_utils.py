@@ -208,12 +208,8 @@ class CapturedEntry:
 
 @dataclass(frozen=True)
 class CaptureStats:
-    """What capturing every graph cost, as vLLM logs it at start-up: wall time and memory.
-
-    ``seconds`` includes the warmups (a compiled model was compiled before, by the profiling run).
-    ``memory_bytes``: in use after capture minus before (device memory on CUDA, the process's resident
-    memory on the simulator); None where the backend cannot tell.
-    """
+    """What capturing every graph cost, as vLLM logs it at start-up: wall time, warmups included, and
+    memory in use after minus before (device memory on CUDA, resident memory on the simulator; None: unknown)."""
 
     seconds: float
     graphs: int
@@ -295,9 +291,8 @@ class CudaGraphManager:
         reads: Mapping[str, torch.Tensor],
         source: Callable[[str], str] = lambda name: "",
     ) -> None:
-        """Before a replay of ``desc``: every tensor its capture read must still be where it was.
-        ``reads`` are the live tensors behind those names (``graph_reads``); ``source(name)`` says who
-        produced one, for the error message."""
+        """Before a replay of ``desc``: every tensor its capture read (``graph_reads``) is still where it was;
+        ``source(name)`` says who produced one, for the error message."""
         if desc not in self.addresses:
             raise self._not_captured(desc)
         _check_addresses(desc, self.addresses[desc], reads, source)
@@ -329,8 +324,7 @@ class CudaGraphManager:
         return {mode: sorted(s) for mode, s in sizes.items()}
 
     def reset(self) -> None:
-        """Release the FULL graphs (on CUDA: their pool memory, once nothing else holds their outputs);
-        the model's wrappers hold the PIECEWISE ones (``ModelRunner.piecewise_wrappers``)."""
+        """Release the FULL graphs; the model's wrappers hold the PIECEWISE ones."""
         for entry in self.graphs.values():
             entry.graph.reset()
         self.graphs.clear()
