@@ -99,9 +99,6 @@ def check_sizes(
     return tuple(sizes)
 
 
-check_positive_int = check_int  # check_int with its defaults: above zero
-
-
 def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
     """Refuse ``"a,,b"``: an empty item is a typo (a name or a number left out), not a separator."""
     if not all(items):

@@ -16,7 +16,7 @@ from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
-from cglab.config import DEVICES, CUDAGraphMode, ToyConfig, check_positive_int
+from cglab.config import DEVICES, CUDAGraphMode, ToyConfig, check_int
 from cglab.cudagraph_utils import (
     CaptureForward,
     CudaGraphManager,
@@ -204,7 +204,7 @@ class ModelRunner:
         if req_id in self.requests:
             raise ConfigError(f"request {req_id!r} already exists; use a new id or free_request() it first")
         if num_prompt_tokens is not None:
-            check_positive_int("num_prompt_tokens", num_prompt_tokens)
+            check_int("num_prompt_tokens", num_prompt_tokens)
         self.requests[req_id] = RequestState(req_id, num_prompt_tokens=num_prompt_tokens)
 
     def free_request(self, req_id: str) -> None:
