@@ -149,3 +149,24 @@ def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
 def test_an_empty_list_item_is_refused(call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="has an empty item"):
         call()
+
+
+def test_auto_is_resolved_in_one_function() -> None:
+    """Every comparison with "auto" in the engine (graphs/ aside: ``get_backend`` serves the pictures) lies
+    in ``CompilationConfig.resolve``, the one place that decides what the compilation config leaves open."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "cglab"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] in {"graphs", "lab", "bench", "kernels"}:
+            continue
+        tree = ast.parse(path.read_text())
+        for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value == "auto" for c in [node.left, *node.comparators]
+                ):
+                    found.append(f"{path.name}:{function.name}")
+    assert found and set(found) == {"compilation_config.py:resolve"}, found
