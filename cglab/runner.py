@@ -37,9 +37,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
-    if resolved.type not in DEVICES:
-        raise ConfigError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
+        resolved = None
+    if resolved is None or resolved.type not in DEVICES:
+        raise ConfigError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "device 'cuda' was asked for but no CUDA GPU is visible; "
