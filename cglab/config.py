@@ -6,17 +6,12 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
 
 LAYER_KINDS = ("attn", "sconv", "compressor", "linear_attn")
 # The kinds vLLM would call attention backends: their ops are the default splitting ops (vLLM's
 # defaults list its linear-attention and Mamba ops beside attention).
 ATTENTION_KINDS = ("attn", "linear_attn")
-# A forward of 64 layers takes seconds on the CPU simulator (300 took minutes): plenty for a toy.
-MAX_LAYERS = 64
-# Said wherever a size limit refuses a value, so nobody mistakes it for a property of their machine.
-LIMIT_NOTE = "(a limit cglab sets against typos, not a hardware limit)"
 
 
 class CUDAGraphMode(enum.Enum):
@@ -104,41 +99,43 @@ def check_sizes(
     return tuple(sizes)
 
 
-check_positive_int = check_int  # check_int with its defaults: above zero
-
-
 def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
     """Refuse ``"a,,b"``: an empty item is a typo (a name or a number left out), not a separator."""
     if not all(items):
         raise ConfigError(f"{what} {given!r} has an empty item (two commas in a row, or one at an end); remove it")
 
 
-def parse_layer_pattern(pattern: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``"sconv,attn"`` -> ``("sconv", "attn")``; rejects empty patterns and items, unknown kinds, and
-    more than ``MAX_LAYERS`` layers."""
-    parts = pattern.split(",") if isinstance(pattern, str) else pattern
+def parse_names(
+    value: object, valid: Sequence[str], *, what: str, item: str, example: str, if_empty: str, lower: bool = False
+) -> tuple[str, ...]:
+    """``"a,b"`` or ``["a", "b"]`` as names from ``valid``, at least one; ``what`` names the list in errors,
+    ``item`` one name ("layer kind": "valid kinds")."""
+    parts = value.split(",") if isinstance(value, str) else value
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
-        raise ConfigError(
-            f"the layer pattern must be a string such as 'sconv,attn' or a list of kinds, got {pattern!r}"
-        )
-    kinds = tuple(p.strip().lower() for p in parts)
-    if not any(kinds):
-        raise ConfigError(
-            "the layer pattern is empty; give comma-separated kinds such as 'sconv,attn,compressor,attn' "
-            f"or 'linear_attn,attn' (valid kinds: {', '.join(LAYER_KINDS)})"
-        )
-    check_no_empty_item("the layer pattern", pattern, kinds)
-    if len(kinds) > MAX_LAYERS:
-        raise ConfigError(
-            f"the layer pattern has {len(kinds)} layers, above the limit of {MAX_LAYERS} {LIMIT_NOTE}; "
-            "use a shorter pattern"
-        )
-    unknown = sorted({k for k in kinds if k not in LAYER_KINDS})
+        raise ConfigError(f"{what} must be {example}, got {value!r}")
+    names = tuple(p.strip().lower() if lower else p.strip() for p in parts)
+    if not any(names):
+        raise ConfigError(f"{what} is empty; {if_empty}")
+    check_no_empty_item(what, value, names)
+    unknown = [n for n in dict.fromkeys(names) if n not in valid]
     if unknown:
         raise ConfigError(
-            f"unknown layer kind(s) {', '.join(map(repr, unknown))}; valid kinds: {', '.join(LAYER_KINDS)}"
+            f"unknown {item}(s) {', '.join(map(repr, unknown))}; valid {item.split()[-1]}s: {', '.join(valid)}"
         )
-    return kinds
+    return names
+
+
+def parse_layer_pattern(pattern: object) -> tuple[str, ...]:
+    """``"sconv,attn"`` -> ``("sconv", "attn")``."""
+    return parse_names(
+        pattern,
+        LAYER_KINDS,
+        what="the layer pattern",
+        item="layer kind",
+        example="a string such as 'sconv,attn' or a list of kinds",
+        if_empty=f"give comma-separated kinds such as 'sconv,attn' (valid kinds: {', '.join(LAYER_KINDS)})",
+        lower=True,
+    )
 
 
 PIECEWISE_FLAVORS = ("compiled", "breakable")
@@ -164,97 +161,6 @@ def parse_piecewise_flavor(value: object) -> str:
     )
 
 
-def resolve_splitting_ops(splitting_ops: Sequence[str] | None, layers: tuple[str, ...]) -> tuple[str, ...]:
-    """The ops compiled PIECEWISE splits at: ``splitting_ops`` (parsed by ``CompilationConfig``), each
-    of which the model must have; None: the model's attention ops (``attn``, ``linear_attn``), as
-    vLLM's default."""
-    in_model = [OP_OF_KIND[k] for k in dict.fromkeys(layers)]
-    if splitting_ops is None:
-        return tuple(op for op in in_model if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
-    absent = [op for op in splitting_ops if op not in in_model]
-    if absent:
-        raise ConfigError(
-            f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
-            f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op"
-        )
-    return tuple(splitting_ops)
-
-
-def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:
-    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``):
-    breakable graphs always break at it; compiled ones when every attention op of the model is a
-    splitting op."""
-    if flavor == "breakable":
-        return True
-    attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
-    return bool(attention_ops) and attention_ops <= set(splitting_ops)
-
-
-def resolve_cudagraph_mode(
-    mode: CUDAGraphMode,
-    min_support: AttentionCGSupport,
-    *,
-    builder_name: str,
-    splitting_ops_contain_attention: bool,
-    uniform_decode_query_len: int = 1,
-) -> tuple[CUDAGraphMode, str | None]:
-    """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
-    saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
-
-    Mixed FULL graphs need ``ALWAYS``; FULL graphs of any kind need more than ``NEVER``; speculative
-    decoding's uniform FULL graphs (``uniform_decode_query_len`` > 1) need ``UNIFORM_BATCH``. A mode
-    that cannot be lowered to something sensible is a ConfigError that names the remedy.
-    """
-    support = f"{builder_name}'s cudagraph_support is {min_support.name}"
-    notes: list[str] = []
-
-    def lower(to: CUDAGraphMode, why: str) -> CUDAGraphMode:
-        notes.append(f"cudagraph_mode {resolved.name} lowered to {to.name}: {support}; {why}")
-        return to
-
-    resolved = mode
-    if mode is CUDAGraphMode.NONE:
-        return mode, None
-    if mode.mixed_mode() is CUDAGraphMode.FULL and min_support is not AttentionCGSupport.ALWAYS:
-        if min_support is AttentionCGSupport.NEVER:
-            raise ConfigError(
-                f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
-                "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops"
-            )
-        mixed = (
-            "mixed batches run PIECEWISE (attention is outside the graphs)"
-            if splitting_ops_contain_attention
-            else "mixed batches run eagerly (attention is not a splitting op)"
-        )
-        resolved = lower(
-            CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.FULL_DECODE_ONLY,
-            f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL",
-        )
-    if resolved.decode_mode() is CUDAGraphMode.FULL and min_support is AttentionCGSupport.NEVER:
-        resolved = (
-            lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
-            if splitting_ops_contain_attention
-            else lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise")
-        )
-    if (
-        resolved.decode_mode() is CUDAGraphMode.FULL
-        and uniform_decode_query_len > 1
-        and min_support < AttentionCGSupport.UNIFORM_BATCH
-    ):
-        why = (
-            f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
-            "batches need UNIFORM_BATCH or more"
-        )
-        resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
-    if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
-        # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
-        raise ConfigError(
-            f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
-            "'piecewise', with attention among the splitting ops"
-        )
-    return resolved, "; then ".join(notes) or None
-
-
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     """vLLM's default ladder (1, 2, 4, then steps of 8 to 256, then steps of 16), cut at ``max_size``."""
     sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 1025, 16)]
@@ -278,26 +184,12 @@ def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
     return max(dummy_query_lens(min(num_tokens, max_num_reqs), num_tokens))
 
 
-# Every speculative step runs K - 1 draft decode forwards after its verification: at 16 a repro takes
-# seconds, at 1000 it ran until it was killed. vLLM's drafters usually propose a few.
-MAX_SPECULATIVE_TOKENS = 16
-
-
 def check_num_speculative_tokens(value: object) -> int:
-    """Draft tokens per step (0: none), at most ``MAX_SPECULATIVE_TOKENS``."""
-    if check_int("num_speculative_tokens", value, 0, note=" (0: no speculative decoding)") > MAX_SPECULATIVE_TOKENS:
-        raise ConfigError(
-            f"num_speculative_tokens {value} is above {MAX_SPECULATIVE_TOKENS}, the most the toy drafts "
-            f"per step {LIMIT_NOTE}: each step runs K - 1 draft decode forwards; use fewer speculative "
-            "tokens"
-        )
-    return value
+    """Draft tokens per step (0: none)."""
+    return check_int("num_speculative_tokens", value, 0, note=" (0: no speculative decoding)")
 
 
 MAX_SEED = 2**32 - 1
-# One engine's weights, caches and largest step. The benchmark's GPU model (8 layers, hidden 1024,
-# bf16) needs well under 1 GiB by ToyConfig.memory_estimate.
-MAX_CONFIG_MEMORY_GIB = 16
 
 
 def check_seed(seed: object) -> int:
@@ -364,52 +256,6 @@ class ToyConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         object.__setattr__(self, "layer_names", tuple(f"layers.{i}.{k}" for i, k in enumerate(self.layers)))
-        self._check_memory()
-
-    def memory_estimate(self) -> dict[str, int]:
-        """Rough bytes one engine holds: weights; paged caches and per-token index buffers; the largest
-        step's transient tensors (each token gathers up to ``max_model_len`` keys and values)."""
-        h, tokens, n = self.hidden_size, self.max_num_tokens, self.layers.count
-        weights = (2 * self.vocab_size + self.max_model_len + 10 * len(self.layers) * h) * h
-        caches = (self.num_slots + self.block_size) * h * (2 * n("attn") + n("sconv") + 2 * n("compressor")) + (
-            self.num_blocks + 1
-        ) * h * self.head_dim * n("linear_attn")
-        groups = self.max_model_len // self.compress_ratio
-        buffers = 8 * (
-            tokens * (self.sconv_kernel_size + self.compress_ratio + groups)
-            + self.max_num_reqs * self.max_blocks_per_req
-        )
-        step = (
-            tokens
-            * h
-            * (
-                4
-                + self.sconv_kernel_size * bool(n("sconv"))
-                + 3 * self.max_model_len * bool(n("attn"))
-                + 2 * groups * bool(n("compressor"))
-            )
-            + tokens * self.vocab_size
-            + 3 * self.max_num_reqs * h * self.head_dim * bool(n("linear_attn"))
-        )
-        item = 4 if self.dtype == "float32" else 2
-        return {"weights": weights * item, "caches": caches * item + buffers, "step": step * item}
-
-    def _check_memory(self) -> None:
-        parts = self.memory_estimate()
-        total = sum(parts.values()) / 2**30
-        if total > MAX_CONFIG_MEMORY_GIB:
-            remedy = {
-                "weights": "hidden_size, vocab_size, max_model_len or the number of layers",
-                "caches": "num_blocks, block_size, hidden_size or max_num_batched_tokens",
-                "step": "the tokens of a step (max_num_batched_tokens, max_num_reqs), max_model_len, "
-                "hidden_size, vocab_size or sconv_kernel_size",
-            }
-            sizes = ", ".join(f"{name} {value / 2**30:.3g} GiB" for name, value in parts.items())
-            raise ConfigError(
-                f"this ToyConfig needs about {total:.3g} GiB ({sizes}), above the limit of "
-                f"{MAX_CONFIG_MEMORY_GIB} GiB for one engine {LIMIT_NOTE}; lower "
-                f"{remedy[max(parts, key=parts.__getitem__)]}"
-            )
 
     @property
     def head_dim(self) -> int:

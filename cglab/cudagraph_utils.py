@@ -24,7 +24,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -182,14 +182,10 @@ def create_capture_forward(
     return CaptureForward(forward, reads(attn_metadata))
 
 
-class ForwardFnFactory(Protocol):
-    def __call__(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
-        """A forward over ``desc``'s dummy batch.
-
-        Called twice per graph, once for warmup and once for capture, each time preparing fresh
-        inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that way).
-        ``LazyPlanAttentionMetadataBuilder`` (``cglab.metadata``) is that case, runnable under FULL.
-        """
+# ``(desc, warmup)``: a forward over ``desc``'s dummy batch, called twice per graph (warmup, then capture),
+# each time with fresh inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that
+# way; ``LazyPlanAttentionMetadataBuilder`` in ``cglab.metadata`` is that case, runnable under FULL).
+ForwardFnFactory = Callable[[BatchExecutionDescriptor, bool], CaptureForward]
 
 
 # A tensor's address as a graph bakes it in: where its first element lives and how it is laid out.
@@ -212,12 +208,8 @@ class CapturedEntry:
 
 @dataclass(frozen=True)
 class CaptureStats:
-    """What capturing every graph cost, as vLLM logs it at start-up: wall time and memory.
-
-    ``seconds`` includes the warmups (a compiled model was compiled before, by the profiling run).
-    ``memory_bytes``: in use after capture minus before (device memory on CUDA, the process's resident
-    memory on the simulator); None where the backend cannot tell.
-    """
+    """What capturing every graph cost, as vLLM logs it at start-up: wall time, warmups included, and
+    memory in use after minus before (device memory on CUDA, resident memory on the simulator; None: unknown)."""
 
     seconds: float
     graphs: int
@@ -255,6 +247,7 @@ class CudaGraphManager:
         self.capture_stats: CaptureStats | None = None
         self.released = False
 
+    @torch.inference_mode()
     def capture(
         self, create_forward_fn: ForwardFnFactory, progress: Callable[[BatchExecutionDescriptor], None] | None = None
     ) -> None:
@@ -276,13 +269,13 @@ class CudaGraphManager:
 
     def _capture_one(self, desc: BatchExecutionDescriptor, create_forward_fn: ForwardFnFactory) -> CaptureForward:
         piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
-        forward_fn = create_forward_fn(desc, warmup=not (piecewise and self.shared_warmup))
+        forward_fn = create_forward_fn(desc, not (piecewise and self.shared_warmup))
         # The warmup every graph gets (PyTorch's advice too): first uses, such as cuBLAS on the capture
         # stream, happen here rather than inside the capture. It changes no value on the simulator.
         with self.backend.warmup_context():
             forward_fn(CUDAGraphMode.NONE)
         if not (piecewise and self.shared_warmup):
-            forward_fn = create_forward_fn(desc, warmup=False)  # fresh metadata, not the warmup's
+            forward_fn = create_forward_fn(desc, False)  # fresh metadata, not the warmup's
         if piecewise:
             with cudagraph_capturing_enabled():
                 forward_fn(CUDAGraphMode.PIECEWISE)  # the model's wrappers capture
@@ -298,9 +291,8 @@ class CudaGraphManager:
         reads: Mapping[str, torch.Tensor],
         source: Callable[[str], str] = lambda name: "",
     ) -> None:
-        """Before a replay of ``desc``: every tensor its capture read must still be where it was.
-        ``reads`` are the live tensors behind those names (``graph_reads``); ``source(name)`` says who
-        produced one, for the error message."""
+        """Before a replay of ``desc``: every tensor its capture read (``graph_reads``) is still where it was;
+        ``source(name)`` says who produced one, for the error message."""
         if desc not in self.addresses:
             raise self._not_captured(desc)
         _check_addresses(desc, self.addresses[desc], reads, source)
@@ -332,8 +324,7 @@ class CudaGraphManager:
         return {mode: sorted(s) for mode, s in sizes.items()}
 
     def reset(self) -> None:
-        """Release the FULL graphs (on CUDA: their pool memory, once nothing else holds their outputs);
-        the model's wrappers hold the PIECEWISE ones (``ModelRunner.piecewise_wrappers``)."""
+        """Release the FULL graphs; the model's wrappers hold the PIECEWISE ones."""
         for entry in self.graphs.values():
             entry.graph.reset()
         self.graphs.clear()

@@ -24,10 +24,9 @@ from cglab.config import (
     dummy_longest_request,
     parse_layer_pattern,
     parse_piecewise_flavor,
-    resolve_splitting_ops,
 )
 from cglab.errors import CaptureError, CglabError, ConfigError
-from cglab.runner import ModelRunner, resolve_runner_cudagraph_mode
+from cglab.runner import ModelRunner
 
 MAX_STEPS = 10_000
 MAX_POOL = 256
@@ -389,16 +388,15 @@ def run_repro(
         pre_49751_dummy_split=pre_49751_dummy_split,
         **config_overrides,
     )
-    # Bad input fails here, before any runner is built.
-    ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
     _check_prefill_chunk(prefill_chunk, config, batch_sizes)
     result = new_result(cc, config, steps, prefill_chunk)
     # The graph runner first: it checks the device before it builds anything.
     try:
         runner = ModelRunner(config, cc, device=device)
     except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
-        return failed_capture(result, exc, ModelRunner(config, "none", device=device), ops)
-    result.cudagraph_mode, result.cudagraph_mode_note = runner.cudagraph_mode.value, runner.cudagraph_mode_note
+        return failed_capture(result, exc, ModelRunner(config, "none", device=device), cc)
+    resolved = runner.compilation_config
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     reference = ModelRunner(config, "none", device=device)
     result.backend = runner.backend_name
     if runner.cudagraph_manager is not None:
@@ -428,22 +426,15 @@ def run_repro(
 
 
 def failed_capture(
-    result: ReproResult,
-    error: CaptureError,
-    eager: ModelRunner,
-    splitting_ops: Sequence[str],
-    decode_query_len: int = 1,
+    result: ReproResult, error: CaptureError, eager: ModelRunner, cc: CompilationConfig, decode_query_len: int = 1
 ) -> ReproResult:
-    """``result`` of a run whose capture raised: the error, the graph backend and the policy, lowered
-    from the builders of ``eager`` (a runner of the same config) as the failed runner lowered it."""
+    """``result`` of a run whose capture raised: the error, the graph backend and the policy, resolved for
+    the builders of ``eager`` (a runner of the same config) as the failed runner resolved ``cc``."""
     result.error = f"{type(error).__name__}: {error}"
-    mode = CUDAGraphMode.parse(result.mode)
-    if mode is not CUDAGraphMode.NONE:
-        result.backend = "cuda" if eager.device.type == "cuda" else "sim"
-    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-        mode, eager.attn_groups, eager.config.layers, result.piecewise_flavor, splitting_ops, decode_query_len
-    )
-    result.cudagraph_mode = resolved.value
+    resolved = cc.resolve(eager.config, eager.device, eager.attn_groups, decode_query_len)
+    if CUDAGraphMode.parse(result.mode) is not CUDAGraphMode.NONE:
+        result.backend = resolved.graph_backend
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     return result
 
 

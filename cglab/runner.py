@@ -1,9 +1,6 @@
-"""``ModelRunner``: one decode step from the request to the logits (vLLM: ``gpu/model_runner.py``).
-
-``step`` writes the batch into the persistent buffers, builds metadata into the builders' buffers,
-dispatches to a captured graph, and replays it, or runs the model eagerly when no graph fits.
-A runner created with ``cudagraph_mode="none"`` is the eager reference every comparison uses.
-"""
+"""``ModelRunner``: one step from the request to the logits (vLLM: ``gpu/model_runner.py``). ``step``
+writes the batch into the persistent buffers, builds its metadata, dispatches it and replays a graph (or
+runs the model eagerly when no graph fits)."""
 
 from __future__ import annotations
 
@@ -17,19 +14,9 @@ import torch
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
-from cglab.compilation.backends import auto_compiler
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
-from cglab.config import (
-    DEVICES,
-    OP_OF_KIND,
-    CUDAGraphMode,
-    ToyConfig,
-    check_positive_int,
-    resolve_cudagraph_mode,
-    resolve_splitting_ops,
-    splitting_ops_contain_attention,
-)
+from cglab.config import DEVICES, CUDAGraphMode, ToyConfig, check_int
 from cglab.cudagraph_utils import (
     CaptureForward,
     CudaGraphManager,
@@ -39,8 +26,8 @@ from cglab.cudagraph_utils import (
 )
 from cglab.errors import RELEASED, CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
-from cglab.graphs import CapturedGraph, GraphBackend, get_backend
-from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, min_cudagraph_support, prepare_attn
+from cglab.graphs import CapturedGraph, get_backend
+from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, prepare_attn
 from cglab.model import ToyTransformer
 from cglab.requests import BlockPool, RequestState
 
@@ -50,9 +37,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
-    if resolved.type not in DEVICES:
-        raise ConfigError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
+        resolved = None
+    if resolved is None or resolved.type not in DEVICES:
+        raise ConfigError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "device 'cuda' was asked for but no CUDA GPU is visible; "
@@ -83,7 +70,14 @@ class StepOutput:
 
 
 class ModelRunner:
-    """A toy engine: a model, its persistent buffers, its metadata builders and its graphs."""
+    """A toy engine: a model, its persistent buffers, its metadata builders and its graphs.
+
+    ``compilation_config``, or a mode name (``"none"``: the eager reference every comparison uses), is
+    kept resolved (``CompilationConfig.resolve``). ``builders``: metadata builders by layer kind, replacing
+    the defaults. ``progress(desc)``: called after each capture. ``speculative_config``: serve a drafter
+    (``cglab.spec_decode``), which captures with this runner's ``graph_backend``. ``forward_model`` is what
+    every step calls: the model, or (compiled flavor) the model through torch.compile.
+    """
 
     def __init__(
         self,
@@ -95,88 +89,31 @@ class ModelRunner:
         progress: Callable[[BatchExecutionDescriptor], None] | None = None,
         speculative_config: SpeculativeConfig | None = None,
     ) -> None:
-        """``compilation_config``: how to compile and capture, or a mode name for a config with only
-        that mode (``"none"``: the eager reference every comparison uses). ``builders``: metadata
-        builders by layer kind, replacing the defaults. ``progress(desc)``: called after each capture.
-        ``speculative_config``: serve a drafter (``cglab.spec_decode``): uniform-decode graphs for
-        ``K + 1`` tokens per request, the draft layers' metadata in every step, and the last hidden
-        states appended to every output row.
-
-        A mode that a builder's ``cudagraph_support`` cannot serve is lowered first, as vLLM does at
-        start-up: ``cudagraph_mode`` is the policy used, ``cudagraph_mode_note`` why (None: as asked).
-        """
-        if not isinstance(config, ToyConfig):
-            raise ConfigError(
-                f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
-                "build one with ToyConfig(layers='sconv,attn', ...)"
-            )
-        if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
-            raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
-        if progress is not None and not callable(progress):
-            raise ConfigError(
-                f"progress must be a function, called with each descriptor once captured, or None; got {progress!r}"
-            )
-        cc = self.compilation_config = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)
-        self.compile_backend = auto_compiler(self.device.type) if cc.backend == "auto" else cc.backend
-        self.splitting_ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
-        self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
-        # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
-        self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
-        self.input_buffers = InputBuffers(
-            config.max_num_reqs, config.max_num_tokens, self.device, cc.pre_49751_dummy_split
-        )
-        self.block_tables = BlockTables(
-            config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens, self.device
-        )
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
         self.attn_groups = build_attn_groups(config, self.device, builders, layers)
-        # Before the dispatcher and the compile backend: both follow the lowered policy.
-        self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-            cc.cudagraph_mode,
-            self.attn_groups,
-            config.layers,
-            cc.piecewise_flavor,
-            self.splitting_ops,
-            decode_query_len,
-        )
-        if self.cudagraph_mode is not CUDAGraphMode.NONE:
-            cc.check_capture_sizes(config)
-        self.dispatcher = CudagraphDispatcher(
-            self.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs, decode_query_len
-        )
+        cc = CompilationConfig.of(compilation_config).resolve(config, self.device, self.attn_groups, decode_query_len)
+        self.compilation_config = cc
+        self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
+        reqs, tokens = config.max_num_reqs, config.max_num_tokens
+        self.input_buffers = InputBuffers(reqs, tokens, self.device, cc.pre_49751_dummy_split)
+        self.block_tables = BlockTables(reqs, config.max_blocks_per_req, config.block_size, tokens, self.device)
+        self.dispatcher = CudagraphDispatcher(cc.cudagraph_mode, cc.cudagraph_capture_sizes, reqs, decode_query_len)
         self.block_pool = BlockPool(config.num_blocks)
         self.requests: dict[str, RequestState] = {}
+        graphs = cc.cudagraph_mode is not CUDAGraphMode.NONE
+        backend = self.graph_backend = get_backend(cc.graph_backend, self.device) if graphs else None
+        self.forward_model: Callable[..., torch.Tensor] = build_forward_model(self.model, cc, backend)
         self.cudagraph_manager: CudaGraphManager | None = None
-        # Resolved once here; a speculative drafter captures with the same backend and settings.
-        self.graph_backend: GraphBackend | None = None
-        self.check_addresses = bool(cc.check_addresses)
-        if self.cudagraph_mode is not CUDAGraphMode.NONE:
-            graph_backend = self.graph_backend = get_backend(
-                ("cuda" if self.device.type == "cuda" else "sim") if cc.graph_backend == "auto" else cc.graph_backend,
-                self.device,
-            )
-            if cc.check_addresses is None:
-                self.check_addresses = graph_backend.name == "sim"
-            self.forward_model = build_forward_model(
-                self.model,
-                cc,
-                self.cudagraph_mode,
-                graph_backend,
-                self.splitting_ops,
-                self.compile_backend,
-                self.check_addresses,
-            )
+        self.profile_run()
+        if backend is not None:
             self.cudagraph_manager = CudaGraphManager(
-                graph_backend, self.dispatcher, self.check_addresses, shared_warmup=not cc.use_breakable_cg
+                backend, self.dispatcher, cc.check_addresses, not cc.use_breakable_cg
             )
-        with torch.inference_mode():
-            self.profile_run()
-            if self.cudagraph_manager is not None:
-                self.cudagraph_manager.capture(self.create_forward_fn, progress)
+            self.cudagraph_manager.capture(self.create_forward_fn, progress)
 
     @property
     def compiled_backend(self) -> CglabBackend | None:
@@ -216,15 +153,12 @@ class ModelRunner:
         return self.cudagraph_manager.backend.name if self.cudagraph_manager else "eager"
 
     # ------------------------------------------------------------ start-up
+    @torch.inference_mode()
     def profile_run(self) -> None:
-        """One forward over the largest batch with no metadata before any capture, as vLLM's start-up
-        runs to measure memory: layers see ``attn_metadata=None`` and take their profiling branch.
-
-        Compiled, this is the first call: dynamo traces here, at the largest size (never at a capture
-        size: inductor on CUDA cannot lower a model traced at 1 token), and decides a guard in plain
-        Python (``ToyConfig(python_guards=True)``) for good. Strict layers have no profiling branch: the
-        run stops in the first one (vLLM's would crash), after the trace, so they fail at capture.
-        """
+        """One forward over the largest batch with no metadata, as vLLM's start-up runs to measure memory:
+        layers take their ``attn_metadata=None`` branch. Compiled, dynamo traces here, at the largest size
+        (inductor cannot lower a model traced at 1 token), and decides a ``python_guards`` guard for good.
+        A strict layer stops the run after the trace (vLLM's would crash), so it fails at capture."""
         num_tokens = self.config.max_num_tokens
         try:
             with set_forward_context(None, CUDAGraphMode.NONE):
@@ -270,7 +204,7 @@ class ModelRunner:
         if req_id in self.requests:
             raise ConfigError(f"request {req_id!r} already exists; use a new id or free_request() it first")
         if num_prompt_tokens is not None:
-            check_positive_int("num_prompt_tokens", num_prompt_tokens)
+            check_int("num_prompt_tokens", num_prompt_tokens)
         self.requests[req_id] = RequestState(req_id, num_prompt_tokens=num_prompt_tokens)
 
     def free_request(self, req_id: str) -> None:
@@ -398,41 +332,6 @@ class ModelRunner:
             wrapper.release()
 
 
-def resolve_runner_cudagraph_mode(
-    policy: CUDAGraphMode,
-    attn_groups: Sequence[AttentionGroup],
-    layers: tuple[str, ...],
-    piecewise_flavor: str,
-    splitting_ops: Sequence[str],
-    decode_query_len: int = 1,
-) -> tuple[CUDAGraphMode, str | None]:
-    """The policy a runner with these builders and splitting ops runs ``policy`` as, and the lowering
-    note (``resolve_cudagraph_mode``, from the least capable builder)."""
-    support, builder_name = min_cudagraph_support(attn_groups)
-    contains = splitting_ops_contain_attention(splitting_ops, layers, piecewise_flavor)
-    mode, note = resolve_cudagraph_mode(
-        policy,
-        support,
-        builder_name=builder_name,
-        splitting_ops_contain_attention=contains,
-        uniform_decode_query_len=decode_query_len,
-    )
-    op = OP_OF_KIND["linear_attn"]
-    if (
-        piecewise_flavor == "compiled"
-        and CUDAGraphMode.PIECEWISE in mode.runtime_modes()
-        and "linear_attn" in layers
-        and op not in splitting_ops
-    ):
-        # Inside a piece it would replay the capture batch's request count and loop count forever.
-        raise ConfigError(
-            f"{op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
-            "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
-            f"dummy batch's size; add {op} to splitting_ops (the default has it)"
-        )
-    return mode, note
-
-
 def prepare_inputs(
     requests: Sequence[RequestState],
     query_lens: Sequence[int],
@@ -456,18 +355,12 @@ def prepare_inputs(
 
 def parse_token_ids(req_id: str, ids: object) -> list[int]:
     """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
-    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable) or getattr(ids, "ndim", 1) == 0:
         raise ConfigError(
             f"request {req_id!r} must get a list of token ids, got {ids!r}; "
             f"write {{{req_id!r}: [5]}} for a single token"
         )
-    try:
-        values = list(ids)
-    except TypeError:  # a 0-d tensor is Iterable to Python but cannot be iterated
-        raise ConfigError(
-            f"request {req_id!r} must get a list of token ids, got {ids!r}; "
-            f"write {{{req_id!r}: [5]}} for a single token"
-        ) from None
+    values = list(ids)
     try:
         if not any(isinstance(t, bool) for t in values):  # True is an int to Python, never a token
             return [operator.index(t) for t in values]

@@ -8,11 +8,14 @@ from typing import Any
 import pytest
 import torch
 
+from cglab.compilation import caching
 from cglab.config import ToyConfig
 
 # The toy's matrices are tiny: extra intra-op threads only spin, and on a busy CI machine (2 cores,
 # parallel CLI subprocesses) they made steps 30x slower.
 torch.set_num_threads(1)
+# Dozens of identical engines per session: they share one dynamo trace (a test-speed device).
+caching.install()
 
 BACKEND_PARAMS = [
     pytest.param("cpu", id="sim"),

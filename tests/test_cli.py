@@ -154,12 +154,10 @@ def test_spec_decode_captures_sizes_as_model_runner_v2(capsys: pytest.CaptureFix
     ("argv", "fix"),
     [
         (["--num-speculative-tokens", "-1"], "at least 0"),
-        (["--num-speculative-tokens", "1000"], "num_speculative_tokens 1000 is above 16, the most the toy drafts"),
-        (["--num-speculative-tokens", "17"], "is above 16"),
         (["--num-speculative-tokens", "16", "--batch-sizes", "256", "--steps", "300"], "fewer speculative tokens"),
         (["--num-speculative-tokens", "2", "--prefill-chunk", "4"], "drop one of the two"),
     ],
-    ids=["negative", "far-above-the-limit", "just-above-the-limit", "beyond-the-caches", "with-chunked-prefill"],
+    ids=["negative", "beyond-the-caches", "with-chunked-prefill"],
 )
 def test_bad_speculative_arguments_exit_2_with_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], fix: str

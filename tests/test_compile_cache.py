@@ -105,12 +105,6 @@ def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> N
     patched.close()
 
 
-def test_the_switch_turns_sharing_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(caching.DISABLE_ENV, "1")
-    _runner().close()
-    assert not _runner().forward_model.trace_reused
-
-
 def test_the_startup_benchmark_traces_every_engine_itself() -> None:
     """A start-up row times a first start: a reused trace would time a fraction of it."""
     from cglab.bench.startup import _cold_compiles
@@ -125,9 +119,23 @@ def test_the_startup_benchmark_traces_every_engine_itself() -> None:
 def test_no_call_after_the_first_runs_dynamo() -> None:
     """Traced or reused, a compiled engine calls its split graph itself after its first call."""
     for runner in (_runner(), _runner()):
-        runner.forward_model._compiled = lambda *args: pytest.fail("dynamo's compiled function was called")
-        assert len(_decode(runner)) == 6
+        assert not hasattr(runner.forward_model._compiled, "_torchdynamo_orig_callable")  # not torch.compile's
+        before = _dynamo_traces()
+        assert len(_decode(runner)) == 6 and _dynamo_traces() == before
         runner.close()
+
+
+def test_without_the_hook_the_compiled_model_is_plain_compile_and_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a learner meets: every call goes through torch.compile's function, traced once, no guards."""
+    monkeypatch.setattr(CompiledModel, "compile", caching.PLAIN_COMPILE)
+    before = _dynamo_traces()
+    runner, again = _runner(), _runner()
+    assert hasattr(runner.forward_model._compiled, "_torchdynamo_orig_callable")
+    assert not runner.forward_model.trace_reused and not again.forward_model.trace_reused
+    assert _dynamo_traces() == before + 2  # one trace each, and none more for any size
+    assert [d for d, _ in _decode(runner)] == [d for d, _ in _decode(_runner())] and _dynamo_traces() == before + 3
+    for r in (runner, again):
+        r.close()
 
 
 class _ReadsAPlainTensor(nn.Module):

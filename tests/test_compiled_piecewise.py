@@ -145,7 +145,7 @@ def test_a_recompile_is_impossible(device):
     ("kwargs", "needle"),
     [
         ({"use_breakable_cg": "fused"}, "use_breakable_cg must be True or False"),
-        ({"splitting_ops": ["cglab::flash_attn"]}, "unknown splitting op(s) 'cglab::flash_attn'; valid names"),
+        ({"splitting_ops": ["cglab::flash_attn"]}, "unknown splitting op(s) 'cglab::flash_attn'; valid ops"),
         ({"splitting_ops": ["cglab::compressor"]}, "'cglab::compressor' are not in this model"),
         ({"splitting_ops": []}, "splitting_ops is empty"),
         ({"splitting_ops": ["cglab::short_conv"], "use_breakable_cg": True}, "applies to piecewise_flavor='compiled'"),

@@ -137,7 +137,7 @@ class ProcedureRunner(ModelRunner):
 
     def profile_run(self):  # the last thing before capture
         super().profile_run()
-        self._spy_on_warmups(self.cudagraph_manager.backend)
+        self._spy_on_warmups(self.graph_backend)
 
     def create_forward_fn(self, desc, warmup):
         forward = super().create_forward_fn(desc, warmup)

@@ -1,6 +1,7 @@
 """The code path of one replayed step stays short: a reader can follow it file by file.
 
-One compiled-PIECEWISE ``ModelRunner.step`` after capture runs under ``sys.setprofile``. Every call
+One compiled ``ModelRunner.step`` after capture (PIECEWISE, then FULL) runs under ``sys.setprofile``,
+with plain torch.compile (the trace cache off). Every call
 that lands in a ``cglab/`` file is charged to the ``cglab/`` code that made it, found by walking back
 through torch's frames (dynamo, the generated split forward, ``nn.Module.__call__``). The path may
 not climb back into ``runner.py`` from a deeper module (as a replay that called back into a closure
@@ -17,10 +18,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
+
 from cglab import CompilationConfig, ModelRunner, ToyConfig
+from cglab.compilation import CompiledModel, caching
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cglab"
-MAX_FILES, MAX_CALLS = 14, 48
+MAX_FILES = {"piecewise": 13, "full": 8}
+MAX_CALLS = 48
+
+
+@pytest.fixture(autouse=True)
+def plain_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a learner traces: without the trace cache the tests install (``caching.py``)."""
+    monkeypatch.setattr(CompiledModel, "compile", caching.PLAIN_COMPILE)
 
 
 def _cglab_file(frame: FrameType | None) -> str | None:
@@ -64,13 +75,16 @@ def _piecewise_step(mode: str, check_addresses: bool = False) -> tuple[ModelRunn
     return runner, step_calls(runner, {"a": [8], "b": [9]})
 
 
-def test_a_compiled_piecewise_step_never_climbs_back_into_the_runner() -> None:
-    runner, calls = _piecewise_step("piecewise")
-    assert {str(d): n for d, n in runner.graph_replays().items()} == {"PIECEWISE(tokens=2, reqs=any)": 2}
+@pytest.mark.parametrize(
+    "mode, desc", [("piecewise", "PIECEWISE(tokens=2, reqs=any)"), ("full", "FULL(tokens=2, reqs=2)")]
+)
+def test_a_compiled_step_never_climbs_back_into_the_runner(mode: str, desc: str) -> None:
+    runner, calls = _piecewise_step(mode)
+    assert {str(d): n for d, n in runner.graph_replays().items()} == {desc: 2}
     back = {caller: n for (caller, callee), n in calls.items() if callee == "runner.py"}
     assert not back, f"calls back into runner.py from deeper modules: {back}"
     files = {f for pair in calls for f in pair}
-    assert len(files) <= MAX_FILES, sorted(files)
+    assert len(files) <= MAX_FILES[mode], sorted(files)
     assert sum(calls.values()) <= MAX_CALLS, calls.most_common()
 
 

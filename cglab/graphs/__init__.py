@@ -30,10 +30,6 @@ __all__ = [
 ]
 
 
-def get_backend(name: str = "auto", device: str | torch.device | None = None) -> GraphBackend:
-    """The graph backend ``"sim"`` or ``"cuda"``; ``"auto"``: ``"cuda"`` when a GPU is visible and ``device``
-    allows, else ``"sim"``."""
-    if name == "auto":
-        wants_cuda = device is None or torch.device(device).type == "cuda"
-        name = "cuda" if wants_cuda and torch.cuda.is_available() else "sim"
+def get_backend(name: str, device: str | torch.device | None = None) -> GraphBackend:
+    """The graph backend ``"sim"`` (the CPU simulator) or ``"cuda"`` (real CUDA graphs)."""
     return {"sim": SimBackend, "cuda": CudaBackend}[name](device)

@@ -13,8 +13,8 @@ import torch
 
 from cglab import __version__
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, get_uniform_decode_token_count
-from cglab.compilation.backends import auto_compiler
-from cglab.config import CUDAGraphMode
+from cglab.compilation_config import CompilationConfig
+from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import get_backend
 from cglab.runner import ModelRunner, PreparedStep
 
@@ -25,7 +25,8 @@ DISPATCH_POLICIES = tuple(
 
 def describe_environment(device: str = "cpu") -> str:
     """Versions and the graph backend a notebook runs on, one per line."""
-    backend = get_backend("auto", device)
+    resolved = CompilationConfig().resolve(ToyConfig(), torch.device(device), ())
+    backend = get_backend(resolved.graph_backend, device)
     cuda = torch.version.cuda or "none (CPU build)"
     # A plain PyTorch install (a GPU box's, say) may lack ipywidgets; only the widget cells need it.
     widgets = version("ipywidgets") if find_spec("ipywidgets") else "not installed (widgets off)"
@@ -33,7 +34,7 @@ def describe_environment(device: str = "cpu") -> str:
         f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
         f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
         f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
-        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}"
+        f"torch.compile compiles the pieces with: {resolved.backend}"
     )
 
 

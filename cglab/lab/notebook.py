@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from cglab.compilation.backends import COMPILE_BACKEND_ENV
+from cglab.compilation import caching
+from cglab.compilation_config import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
 
 
@@ -18,6 +19,7 @@ def setup_notebook(device: str | None = None) -> str:
         raise ConfigError("no CUDA GPU is visible: call setup_notebook() to run on the CPU simulator")
     # Tiny tensors: more threads only compete, and one thread keeps the sums in one order.
     torch.set_num_threads(1)
+    caching.install()  # the notebooks build dozens of identical engines: they share one dynamo trace
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if chosen == "cuda":
         # The eager compile backend, unless $CGLAB_COMPILE_BACKEND names one: a cold inductor compile costs seconds.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cglab.config import CUDAGraphMode, check_num_speculative_tokens, resolve_splitting_ops
+from cglab.config import CUDAGraphMode, check_num_speculative_tokens
 from cglab.errors import CaptureError, CglabError, ConfigError
 from cglab.repro import (
     ReproResult,
@@ -89,7 +89,6 @@ def run_spec_repro(
         pre_49751_dummy_split=pre_49751_dummy_split,
         **config_overrides,
     )
-    ops = resolve_splitting_ops(cc.splitting_ops, config.layers)  # bad input fails here
     check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
     result = new_result(cc, config, steps, num_speculative_tokens=k)
     common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
@@ -97,11 +96,9 @@ def run_spec_repro(
     try:
         runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
-        return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, ops, k + 1)
-    result.cudagraph_mode, result.cudagraph_mode_note = (
-        runner.target.cudagraph_mode.value,
-        runner.target.cudagraph_mode_note,
-    )
+        return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, cc, k + 1)
+    resolved = runner.target.compilation_config
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
     result.backend = runner.backend_name
     if runner.target.cudagraph_manager is not None:
