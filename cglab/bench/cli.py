@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from cglab._arguments import PROG, add_command, int_list, name_list, print_saved
 from cglab.bench.config import BenchConfig
 from cglab.bench.modes import MODE_NAMES, POLICIES
-from cglab.cli import PROG, add_command, int_list, name_list, print_saved
 from cglab.compare import dumps, exceeds
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError

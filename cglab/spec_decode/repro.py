@@ -15,10 +15,10 @@ rate than the reference, fewer tokens per step, a silent loss of speed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from cglab.config import CUDAGraphMode, check_num_speculative_tokens, resolve_splitting_ops
-from cglab.errors import CaptureError, CglabError, ConfigError
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig
+from cglab.config import ToyConfig
+from cglab.errors import CaptureError, CglabError
 from cglab.repro import (
     ReproResult,
     compare_final_state,
@@ -26,78 +26,44 @@ from cglab.repro import (
     failed_capture,
     make_workload,
     new_result,
-    repro_compilation_config,
     repro_config,
 )
-from cglab.spec_decode.draft_model import DRAFT_PREFIX, draft_layer_pairs
-from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
+from cglab.spec_decode.draft_model import DRAFT_PREFIX
+from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput
 
 
 def run_spec_repro(
-    mode: str | CUDAGraphMode = "piecewise",
+    compilation_config: CompilationConfig | str,
+    speculative_config: SpeculativeConfig,
+    config: ToyConfig | None = None,
     *,
-    num_speculative_tokens: int = 2,
-    legacy_skip_attn: bool = False,
-    piecewise_flavor: str = "compiled",
-    splitting_ops: Sequence[str] | None = None,
-    layers: str | Sequence[str] = "sconv,attn,compressor,attn",
-    draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
-    strict_layers: bool = False,
-    capture_sizes: Sequence[int] | None = None,
     batch_sizes: Sequence[int] = (3, 1, 8),
     steps: int = 16,
     frozen_step_index: bool = False,
-    uniform_decode_by_shape: bool = False,
-    seed: int = 0,
-    device: str = "cpu",
     max_num_reqs: int | None = None,
-    pre_49751_dummy_split: bool = False,
+    device: str = "cpu",
     progress: Callable[[], object] | None = None,
-    **config_overrides: Any,
 ) -> ReproResult:
     """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
     from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
     ``batch_sizes[i % len(batch_sizes)]`` requests.
 
-    ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8 (``repro_capture_sizes``).
-    ``draft_layers``: the drafter's decoder layers after its fusion conv.
+    ``speculative_config``: K, and the drafter's layers (``draft_layer_pairs``; none: ``DEFAULT_DRAFT_LAYERS``).
     ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
     as ``run_repro``.
     """
-    k = check_num_speculative_tokens(num_speculative_tokens)
-    if k == 0:
-        raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
-    cc = repro_compilation_config(
-        mode,
-        legacy_skip_attn,
-        piecewise_flavor,
-        splitting_ops,
-        uniform_decode_by_shape,
-        capture_sizes,
-        k,
-        pre_49751_dummy_split,
-    )
+    cc, k = CompilationConfig.of(compilation_config), speculative_config.num_speculative_tokens
     config = repro_config(
-        layers,
-        capture_sizes,
-        batch_sizes,
-        steps,
-        seed,
-        strict_layers,
-        num_speculative_tokens=k,
-        max_num_reqs=max_num_reqs,
-        pre_49751_dummy_split=pre_49751_dummy_split,
-        **config_overrides,
+        config or ToyConfig(), cc, batch_sizes, steps, num_speculative_tokens=k, max_num_reqs=max_num_reqs
     )
-    ops = resolve_splitting_ops(cc.splitting_ops, config.layers)  # bad input fails here
-    check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
     result = new_result(cc, config, steps, num_speculative_tokens=k)
+    draft_layers = [kind for _, kind in speculative_config.draft_layers[1:]] or DEFAULT_DRAFT_LAYERS
     common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
     # The graph runner first: it checks the device before it builds anything.
     try:
         runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
-        return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, ops, k + 1)
+        return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, cc, k + 1)
     result.cudagraph_mode, result.cudagraph_mode_note = (
         runner.target.cudagraph_mode.value,
         runner.target.cudagraph_mode_note,
