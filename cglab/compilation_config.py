@@ -3,9 +3,14 @@ each, checked once (vLLM: ``vllm/config/compilation.py``, ``vllm/config/speculat
 
 from __future__ import annotations
 
+import copy
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cglab.config import (
+    ATTENTION_KINDS,
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
@@ -14,11 +19,17 @@ from cglab.config import (
     check_sizes,
     dummy_longest_request,
 )
+from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
+from cglab.metadata import AttentionGroup, min_cudagraph_support
+
+if TYPE_CHECKING:
+    import torch
 
 COMPILE_BACKENDS = ("auto", "eager", "inductor")
 GRAPH_BACKENDS = ("auto", "sim", "cuda")
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8)
+COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,7 @@ class CompilationConfig:
     ``graph_backend``: ``"sim"`` (the CPU simulator), ``"cuda"``, or ``"auto"`` by device.
     ``check_addresses``: before every replay, check that each tensor a graph read at capture was
     written in place (None: on for the simulator, off for real CUDA graphs, where it costs time).
+    ``cudagraph_mode_note``: set by ``resolve``: why the mode was lowered (None: it runs as asked).
     """
 
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE
@@ -51,6 +63,7 @@ class CompilationConfig:
     pre_49751_dummy_split: bool = False
     graph_backend: str = "auto"
     check_addresses: bool | None = None
+    cudagraph_mode_note: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CUDAGraphMode.parse(self.cudagraph_mode))
@@ -80,7 +93,84 @@ class CompilationConfig:
         """``value`` itself, or a mode name as shorthand for a config with only that mode."""
         return value if isinstance(value, CompilationConfig) else cls(cudagraph_mode=value)
 
-    def check_capture_sizes(self, config: ToyConfig) -> None:
+    def resolve(
+        self,
+        config: ToyConfig,
+        device: torch.device,
+        attn_groups: Sequence[AttentionGroup],
+        decode_query_len: int = 1,
+    ) -> CompilationConfig:
+        """A new config with nothing left to decide, for ``config`` on ``device`` with these metadata builders.
+
+        The one place where "auto" and None are resolved: the splitting ops (None: the model's attention
+        ops, vLLM's default), the compiler (``$CGLAB_COMPILE_BACKEND``, else inductor on CUDA as vLLM and
+        eager on the CPU, where the simulator records the FX pieces' aten ops), the graph backend and the
+        address check by device (on for the simulator; on CUDA graphs it costs time), and the
+        mode lowered to what the least capable builder supports, with ``cudagraph_mode_note`` saying why
+        (vLLM resolves its ``VllmConfig`` once at start-up). ``decode_query_len``: tokens per request in a
+        uniform decode batch (``K + 1`` under speculative decoding).
+        """
+        layer_ops = [OP_OF_KIND[k] for k in dict.fromkeys(config.layers)]
+        if self.use_breakable_cg:
+            ops: tuple[str, ...] = ()  # breakable graphs split where the model calls an eager break
+        elif self.splitting_ops is None:
+            ops = tuple(op for op in layer_ops if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
+        else:
+            ops = self.splitting_ops
+            absent = [op for op in ops if op not in layer_ops]
+            if absent:
+                raise ConfigError(
+                    f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
+                    f"{','.join(config.layers)}: {', '.join(layer_ops)}); add the layer or drop the op"
+                )
+        support, builder_name = min_cudagraph_support(attn_groups)
+        mode, note = resolve_cudagraph_mode(
+            self.cudagraph_mode,
+            support,
+            builder_name=builder_name,
+            splitting_ops_contain_attention=splitting_ops_contain_attention(ops, config.layers, self.piecewise_flavor),
+            uniform_decode_query_len=decode_query_len,
+        )
+        linear_op = OP_OF_KIND["linear_attn"]
+        if (
+            not self.use_breakable_cg
+            and CUDAGraphMode.PIECEWISE in mode.runtime_modes()
+            and "linear_attn" in config.layers
+            and linear_op not in ops
+        ):
+            # Inside a piece it would replay the capture batch's request count and loop count forever.
+            raise ConfigError(
+                f"{linear_op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
+                "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
+                f"dummy batch's size; add {linear_op} to splitting_ops (the default has it)"
+            )
+        if mode is not CUDAGraphMode.NONE:
+            self._check_capture_sizes(config)
+        backend = self.backend
+        if backend == "auto":  # the notebooks set eager on a GPU (cglab.lab.notebook.setup_notebook)
+            env = os.environ.get(COMPILE_BACKEND_ENV, "")
+            backend = env.strip().lower() or ("inductor" if device.type == "cuda" else "eager")
+            if backend not in COMPILE_BACKENDS[1:]:
+                raise ConfigError(
+                    f"{COMPILE_BACKEND_ENV}={env!r} is not a compile backend; set it to eager or inductor, "
+                    "or unset it (inductor on CUDA, eager on the CPU)"
+                )
+        graph_backend = self.graph_backend
+        if graph_backend == "auto":
+            graph_backend = "cuda" if device.type == "cuda" else "sim"
+        resolved = copy.copy(self)  # not dataclasses.replace: () splitting ops are valid once resolved
+        for name, value in {
+            "cudagraph_mode": mode,
+            "cudagraph_mode_note": note or self.cudagraph_mode_note,
+            "splitting_ops": ops,
+            "backend": backend,
+            "graph_backend": graph_backend,
+            "check_addresses": graph_backend == "sim" if self.check_addresses is None else self.check_addresses,
+        }.items():
+            object.__setattr__(resolved, name, value)
+        return resolved
+
+    def _check_capture_sizes(self, config: ToyConfig) -> None:
         """Every capture size fits ``config`` (vLLM checks them against the scheduler's limits): no more
         tokens than a step may hold, and a dummy capture batch whose longest request fits a request."""
         sizes = self.cudagraph_capture_sizes
@@ -108,6 +198,81 @@ class CompilationConfig:
     def piecewise_flavor(self) -> str:
         """``"breakable"`` or ``"compiled"``, as the notebooks and the command line name them."""
         return "breakable" if self.use_breakable_cg else "compiled"
+
+
+def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:
+    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``):
+    breakable graphs always break at it; compiled ones when every attention op of the model is a
+    splitting op."""
+    if flavor == "breakable":
+        return True
+    attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
+    return bool(attention_ops) and attention_ops <= set(splitting_ops)
+
+
+def resolve_cudagraph_mode(
+    mode: CUDAGraphMode,
+    min_support: AttentionCGSupport,
+    *,
+    builder_name: str,
+    splitting_ops_contain_attention: bool,
+    uniform_decode_query_len: int = 1,
+) -> tuple[CUDAGraphMode, str | None]:
+    """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
+    saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
+
+    Mixed FULL graphs need ``ALWAYS``; FULL graphs of any kind need more than ``NEVER``; speculative
+    decoding's uniform FULL graphs (``uniform_decode_query_len`` > 1) need ``UNIFORM_BATCH``. A mode
+    that cannot be lowered to something sensible is a ConfigError that names the remedy.
+    """
+    support = f"{builder_name}'s cudagraph_support is {min_support.name}"
+    notes: list[str] = []
+
+    def lower(to: CUDAGraphMode, why: str) -> CUDAGraphMode:
+        notes.append(f"cudagraph_mode {resolved.name} lowered to {to.name}: {support}; {why}")
+        return to
+
+    resolved = mode
+    if mode is CUDAGraphMode.NONE:
+        return mode, None
+    if mode.mixed_mode() is CUDAGraphMode.FULL and min_support is not AttentionCGSupport.ALWAYS:
+        if min_support is AttentionCGSupport.NEVER:
+            raise ConfigError(
+                f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
+                "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops"
+            )
+        mixed = (
+            "mixed batches run PIECEWISE (attention is outside the graphs)"
+            if splitting_ops_contain_attention
+            else "mixed batches run eagerly (attention is not a splitting op)"
+        )
+        resolved = lower(
+            CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.FULL_DECODE_ONLY,
+            f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL",
+        )
+    if resolved.decode_mode() is CUDAGraphMode.FULL and min_support is AttentionCGSupport.NEVER:
+        resolved = (
+            lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
+            if splitting_ops_contain_attention
+            else lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise")
+        )
+    if (
+        resolved.decode_mode() is CUDAGraphMode.FULL
+        and uniform_decode_query_len > 1
+        and min_support < AttentionCGSupport.UNIFORM_BATCH
+    ):
+        why = (
+            f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
+            "batches need UNIFORM_BATCH or more"
+        )
+        resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
+    if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
+        # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
+        raise ConfigError(
+            f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
+            "'piecewise', with attention among the splitting ops"
+        )
+    return resolved, "; then ".join(notes) or None
 
 
 def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ...]:

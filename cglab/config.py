@@ -6,7 +6,6 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
 
 LAYER_KINDS = ("attn", "sconv", "compressor", "linear_attn")
@@ -162,97 +161,6 @@ def parse_piecewise_flavor(value: object) -> str:
         f"unknown PIECEWISE flavor {value!r}; choose 'compiled' (torch.compile, split at "
         "splitting_ops) or 'breakable' (one capture, split at the eager breaks)"
     )
-
-
-def resolve_splitting_ops(splitting_ops: Sequence[str] | None, layers: tuple[str, ...]) -> tuple[str, ...]:
-    """The ops compiled PIECEWISE splits at: ``splitting_ops`` (parsed by ``CompilationConfig``), each
-    of which the model must have; None: the model's attention ops (``attn``, ``linear_attn``), as
-    vLLM's default."""
-    in_model = [OP_OF_KIND[k] for k in dict.fromkeys(layers)]
-    if splitting_ops is None:
-        return tuple(op for op in in_model if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
-    absent = [op for op in splitting_ops if op not in in_model]
-    if absent:
-        raise ConfigError(
-            f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
-            f"{','.join(layers)}: {', '.join(in_model)}); add the layer or drop the op"
-        )
-    return tuple(splitting_ops)
-
-
-def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[str, ...], flavor: str) -> bool:
-    """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``):
-    breakable graphs always break at it; compiled ones when every attention op of the model is a
-    splitting op."""
-    if flavor == "breakable":
-        return True
-    attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
-    return bool(attention_ops) and attention_ops <= set(splitting_ops)
-
-
-def resolve_cudagraph_mode(
-    mode: CUDAGraphMode,
-    min_support: AttentionCGSupport,
-    *,
-    builder_name: str,
-    splitting_ops_contain_attention: bool,
-    uniform_decode_query_len: int = 1,
-) -> tuple[CUDAGraphMode, str | None]:
-    """The mode to run when the least capable builder (``builder_name``) has ``min_support``, and a note
-    saying what was lowered and why (None: nothing changed). vLLM: ``resolve_cudagraph_mode_and_sizes``.
-
-    Mixed FULL graphs need ``ALWAYS``; FULL graphs of any kind need more than ``NEVER``; speculative
-    decoding's uniform FULL graphs (``uniform_decode_query_len`` > 1) need ``UNIFORM_BATCH``. A mode
-    that cannot be lowered to something sensible is a ConfigError that names the remedy.
-    """
-    support = f"{builder_name}'s cudagraph_support is {min_support.name}"
-    notes: list[str] = []
-
-    def lower(to: CUDAGraphMode, why: str) -> CUDAGraphMode:
-        notes.append(f"cudagraph_mode {resolved.name} lowered to {to.name}: {support}; {why}")
-        return to
-
-    resolved = mode
-    if mode is CUDAGraphMode.NONE:
-        return mode, None
-    if mode.mixed_mode() is CUDAGraphMode.FULL and min_support is not AttentionCGSupport.ALWAYS:
-        if min_support is AttentionCGSupport.NEVER:
-            raise ConfigError(
-                f"cudagraph_mode {mode.name} is not supported: {support} (no capture metadata for "
-                "any batch); use cudagraph_mode='piecewise', with attention among the splitting ops"
-            )
-        mixed = (
-            "mixed batches run PIECEWISE (attention is outside the graphs)"
-            if splitting_ops_contain_attention
-            else "mixed batches run eagerly (attention is not a splitting op)"
-        )
-        resolved = lower(
-            CUDAGraphMode.FULL_AND_PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.FULL_DECODE_ONLY,
-            f"FULL graphs of mixed batches need ALWAYS; {mixed}, uniform decode batches FULL",
-        )
-    if resolved.decode_mode() is CUDAGraphMode.FULL and min_support is AttentionCGSupport.NEVER:
-        resolved = (
-            lower(CUDAGraphMode.PIECEWISE, "no FULL graph can be captured; attention is compiled piecewise")
-            if splitting_ops_contain_attention
-            else lower(CUDAGraphMode.NONE, "no FULL graph can be captured, and attention is not compiled piecewise")
-        )
-    if (
-        resolved.decode_mode() is CUDAGraphMode.FULL
-        and uniform_decode_query_len > 1
-        and min_support < AttentionCGSupport.UNIFORM_BATCH
-    ):
-        why = (
-            f"speculative decoding verifies {uniform_decode_query_len} tokens per request, and FULL graphs of such "
-            "batches need UNIFORM_BATCH or more"
-        )
-        resolved = lower(CUDAGraphMode.PIECEWISE if splitting_ops_contain_attention else CUDAGraphMode.NONE, why)
-    if CUDAGraphMode.FULL in resolved.runtime_modes() and min_support is AttentionCGSupport.NEVER:
-        # Unreachable after the lowering above; kept as vLLM keeps it, so a new rule cannot slip past.
-        raise ConfigError(
-            f"cudagraph_mode {resolved.name} is not supported: {support}; use cudagraph_mode="
-            "'piecewise', with attention among the splitting ops"
-        )
-    return resolved, "; then ".join(notes) or None
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:

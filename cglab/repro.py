@@ -15,9 +15,9 @@ import torch
 
 from cglab.compare import NON_FINITE, HasState, exceeds, json_safe, state_differences, worst
 from cglab.compilation_config import CompilationConfig
-from cglab.config import ToyConfig, resolve_splitting_ops
+from cglab.config import ToyConfig
 from cglab.errors import CaptureError, CglabError
-from cglab.runner import ModelRunner, resolve_runner_cudagraph_mode
+from cglab.runner import ModelRunner
 
 
 @dataclass
@@ -245,7 +245,8 @@ def run_repro(
         runner = ModelRunner(config, cc, device=device)
     except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
         return failed_capture(result, exc, ModelRunner(config, "none", device=device), cc)
-    result.cudagraph_mode, result.cudagraph_mode_note = runner.cudagraph_mode.value, runner.cudagraph_mode_note
+    resolved = runner.compilation_config
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     reference = ModelRunner(config, "none", device=device)
     result.backend = runner.backend_name
     if runner.cudagraph_manager is not None:
@@ -275,25 +276,14 @@ def run_repro(
 
 
 def failed_capture(
-    result: ReproResult,
-    error: CaptureError,
-    eager: ModelRunner,
-    cc: CompilationConfig,
-    decode_query_len: int = 1,
+    result: ReproResult, error: CaptureError, eager: ModelRunner, cc: CompilationConfig, decode_query_len: int = 1
 ) -> ReproResult:
-    """``result`` of a run whose capture raised: the error, the graph backend and the policy, lowered
-    from the builders of ``eager`` (a runner of the same config) as the failed runner lowered it."""
+    """``result`` of a run whose capture raised: the error, the graph backend and the policy, resolved for
+    the builders of ``eager`` (a runner of the same config) as the failed runner resolved ``cc``."""
     result.error = f"{type(error).__name__}: {error}"
-    result.backend = "cuda" if eager.device.type == "cuda" else "sim"
-    resolved, result.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-        cc.cudagraph_mode,
-        eager.attn_groups,
-        eager.config.layers,
-        cc.piecewise_flavor,
-        resolve_splitting_ops(cc.splitting_ops, eager.config.layers),
-        decode_query_len,
-    )
-    result.cudagraph_mode = resolved.value
+    resolved = cc.resolve(eager.config, eager.device, eager.attn_groups, decode_query_len)
+    result.backend = resolved.graph_backend
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     return result
 
 

@@ -17,19 +17,9 @@ import torch
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
-from cglab.compilation.backends import auto_compiler
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
-from cglab.config import (
-    DEVICES,
-    OP_OF_KIND,
-    CUDAGraphMode,
-    ToyConfig,
-    check_positive_int,
-    resolve_cudagraph_mode,
-    resolve_splitting_ops,
-    splitting_ops_contain_attention,
-)
+from cglab.config import DEVICES, CUDAGraphMode, ToyConfig, check_positive_int
 from cglab.cudagraph_utils import (
     CaptureForward,
     CudaGraphManager,
@@ -40,7 +30,7 @@ from cglab.cudagraph_utils import (
 from cglab.errors import RELEASED, CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import CapturedGraph, GraphBackend, get_backend
-from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, min_cudagraph_support, prepare_attn
+from cglab.metadata import AttentionGroup, MetadataBuilder, build_attn_groups, prepare_attn
 from cglab.model import ToyTransformer
 from cglab.requests import BlockPool, RequestState
 
@@ -96,33 +86,22 @@ class ModelRunner:
         speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         """``compilation_config``: how to compile and capture, or a mode name for a config with only
-        that mode (``"none"``: the eager reference every comparison uses). ``builders``: metadata
-        builders by layer kind, replacing the defaults. ``progress(desc)``: called after each capture.
-        ``speculative_config``: serve a drafter (``cglab.spec_decode``): uniform-decode graphs for
-        ``K + 1`` tokens per request, the draft layers' metadata in every step, and the last hidden
-        states appended to every output row.
-
-        A mode that a builder's ``cudagraph_support`` cannot serve is lowered first, as vLLM does at
-        start-up: ``cudagraph_mode`` is the policy used, ``cudagraph_mode_note`` why (None: as asked).
+        that mode (``"none"``: the eager reference every comparison uses); the runner keeps it resolved
+        (``CompilationConfig.resolve``: a mode no builder can serve is lowered, as vLLM does at start-up).
+        ``builders``: metadata builders by layer kind, replacing the defaults. ``progress(desc)``: called
+        after each capture. ``speculative_config``: serve a drafter (``cglab.spec_decode``):
+        uniform-decode graphs for ``K + 1`` tokens per request, the draft layers' metadata in every step,
+        and the last hidden states appended to every output row.
         """
-        if not isinstance(config, ToyConfig):
-            raise ConfigError(
-                f"ModelRunner needs a ToyConfig, got {type(config).__name__}; "
-                "build one with ToyConfig(layers='sconv,attn', ...)"
-            )
-        if not isinstance(speculative_config, (SpeculativeConfig, type(None))):
-            raise ConfigError(f"speculative_config must be a SpeculativeConfig or None, got {speculative_config!r}")
-        if progress is not None and not callable(progress):
-            raise ConfigError(
-                f"progress must be a function, called with each descriptor once captured, or None; got {progress!r}"
-            )
-        cc = self.compilation_config = CompilationConfig.of(compilation_config)
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)
-        self.compile_backend = auto_compiler(self.device.type) if cc.backend == "auto" else cc.backend
-        self.splitting_ops = resolve_splitting_ops(cc.splitting_ops, config.layers)
+        layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
+        self.attn_groups = build_attn_groups(config, self.device, builders, layers)
+        cc = self.compilation_config = CompilationConfig.of(compilation_config).resolve(
+            config, self.device, self.attn_groups, decode_query_len
+        )
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
         # What every step calls: the model itself, or (compiled flavor) the model through torch.compile.
         self.forward_model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self.model
@@ -132,46 +111,18 @@ class ModelRunner:
         self.block_tables = BlockTables(
             config.max_num_reqs, config.max_blocks_per_req, config.block_size, config.max_num_tokens, self.device
         )
-        layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
-        self.attn_groups = build_attn_groups(config, self.device, builders, layers)
-        # Before the dispatcher and the compile backend: both follow the lowered policy.
-        self.cudagraph_mode, self.cudagraph_mode_note = resolve_runner_cudagraph_mode(
-            cc.cudagraph_mode,
-            self.attn_groups,
-            config.layers,
-            cc.piecewise_flavor,
-            self.splitting_ops,
-            decode_query_len,
-        )
-        if self.cudagraph_mode is not CUDAGraphMode.NONE:
-            cc.check_capture_sizes(config)
         self.dispatcher = CudagraphDispatcher(
-            self.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs, decode_query_len
+            cc.cudagraph_mode, cc.cudagraph_capture_sizes, config.max_num_reqs, decode_query_len
         )
         self.block_pool = BlockPool(config.num_blocks)
         self.requests: dict[str, RequestState] = {}
         self.cudagraph_manager: CudaGraphManager | None = None
-        # Resolved once here; a speculative drafter captures with the same backend and settings.
-        self.graph_backend: GraphBackend | None = None
-        self.check_addresses = bool(cc.check_addresses)
-        if self.cudagraph_mode is not CUDAGraphMode.NONE:
-            graph_backend = self.graph_backend = get_backend(
-                ("cuda" if self.device.type == "cuda" else "sim") if cc.graph_backend == "auto" else cc.graph_backend,
-                self.device,
-            )
-            if cc.check_addresses is None:
-                self.check_addresses = graph_backend.name == "sim"
-            self.forward_model = build_forward_model(
-                self.model,
-                cc,
-                self.cudagraph_mode,
-                graph_backend,
-                self.splitting_ops,
-                self.compile_backend,
-                self.check_addresses,
-            )
+        self.graph_backend: GraphBackend | None = None  # a drafter captures with the target's
+        if cc.cudagraph_mode is not CUDAGraphMode.NONE:
+            self.graph_backend = get_backend(cc.graph_backend, self.device)
+            self.forward_model = build_forward_model(self.model, cc, self.graph_backend)
             self.cudagraph_manager = CudaGraphManager(
-                graph_backend, self.dispatcher, self.check_addresses, shared_warmup=not cc.use_breakable_cg
+                self.graph_backend, self.dispatcher, cc.check_addresses, shared_warmup=not cc.use_breakable_cg
             )
         with torch.inference_mode():
             self.profile_run()
@@ -396,41 +347,6 @@ class ModelRunner:
             self.cudagraph_manager.reset()
         for wrapper in self.piecewise_wrappers():
             wrapper.release()
-
-
-def resolve_runner_cudagraph_mode(
-    policy: CUDAGraphMode,
-    attn_groups: Sequence[AttentionGroup],
-    layers: tuple[str, ...],
-    piecewise_flavor: str,
-    splitting_ops: Sequence[str],
-    decode_query_len: int = 1,
-) -> tuple[CUDAGraphMode, str | None]:
-    """The policy a runner with these builders and splitting ops runs ``policy`` as, and the lowering
-    note (``resolve_cudagraph_mode``, from the least capable builder)."""
-    support, builder_name = min_cudagraph_support(attn_groups)
-    contains = splitting_ops_contain_attention(splitting_ops, layers, piecewise_flavor)
-    mode, note = resolve_cudagraph_mode(
-        policy,
-        support,
-        builder_name=builder_name,
-        splitting_ops_contain_attention=contains,
-        uniform_decode_query_len=decode_query_len,
-    )
-    op = OP_OF_KIND["linear_attn"]
-    if (
-        piecewise_flavor == "compiled"
-        and CUDAGraphMode.PIECEWISE in mode.runtime_modes()
-        and "linear_attn" in layers
-        and op not in splitting_ops
-    ):
-        # Inside a piece it would replay the capture batch's request count and loop count forever.
-        raise ConfigError(
-            f"{op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
-            "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
-            f"dummy batch's size; add {op} to splitting_ops (the default has it)"
-        )
-    return mode, note
 
 
 def prepare_inputs(

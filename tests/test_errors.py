@@ -125,17 +125,12 @@ def runner() -> ModelRunner:
 
 
 RUNNER_CASES = {
-    "config of the wrong type": (lambda: ModelRunner({"layers": "attn"}), "ToyConfig(layers="),
     "unknown mode": (lambda: ModelRunner(CONFIG, "pice"), "choose one of"),
     "unknown backend": (lambda: ModelRunner(CONFIG, CompilationConfig("full", graph_backend="tpu")), "'sim'"),
     "unknown device": (lambda: ModelRunner(CONFIG, device="tpu"), "use 'cpu' or 'cuda'"),
     "flag not a bool": (lambda: ModelRunner(CONFIG, CompilationConfig("none", legacy_skip_attn="no")), "True or False"),
     "builder without build()": (lambda: ModelRunner(CONFIG, builders={"sconv": object()}), "builders['sconv']"),
     "builder for an unknown kind": (lambda: ModelRunner(CONFIG, builders={"conv": None}), "valid kinds"),
-    "progress not a function": (
-        lambda: ModelRunner(CONFIG, CompilationConfig("full", SIZES), progress="x"),
-        "progress must be a function, called with each descriptor once captured, or None",
-    ),
 }
 
 

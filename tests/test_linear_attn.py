@@ -22,8 +22,7 @@ from cglab import (
     state_differences,
 )
 from cglab.cli import main
-from cglab.compilation_config import CompilationConfig
-from cglab.config import resolve_cudagraph_mode, resolve_splitting_ops, splitting_ops_contain_attention
+from cglab.compilation_config import CompilationConfig, resolve_cudagraph_mode, splitting_ops_contain_attention
 from cglab.cudagraph_support import can_build_metadata
 from cglab.forward_context import set_forward_context
 from cglab.lab.draw_support import capture_support, draw_capture_support
@@ -248,12 +247,20 @@ def test_plain_full_is_lowered_to_full_and_piecewise_and_matches_eager(device, f
 def test_the_runner_uses_the_lowered_policy_everywhere_and_full_decode_only_stays() -> None:
     config = ToyConfig(layers=("linear_attn", "attn"))
     lowered = ModelRunner(config, CompilationConfig("full", (1, 2), use_breakable_cg=True))
-    assert lowered.cudagraph_mode is FULL_AND_PIECEWISE and lowered.dispatcher.policy is FULL_AND_PIECEWISE
+    assert (
+        lowered.compilation_config.cudagraph_mode is FULL_AND_PIECEWISE
+        and lowered.dispatcher.policy is FULL_AND_PIECEWISE
+    )
     assert {d.uniform_token_count for d in lowered.dispatcher.descriptors if d.cg_mode is FULL} == {1}
-    assert "LinearAttentionMetadataBuilder" in lowered.cudagraph_mode_note
+    assert "LinearAttentionMetadataBuilder" in lowered.compilation_config.cudagraph_mode_note
     kept = ModelRunner(config, CompilationConfig("full_decode_only", (1, 2), use_breakable_cg=True))
-    assert kept.cudagraph_mode is FULL_DECODE_ONLY and kept.cudagraph_mode_note is None
-    assert ModelRunner(ToyConfig(), CompilationConfig("full", (1,))).cudagraph_mode_note is None  # all ALWAYS
+    assert (
+        kept.compilation_config.cudagraph_mode is FULL_DECODE_ONLY
+        and kept.compilation_config.cudagraph_mode_note is None
+    )
+    assert (
+        ModelRunner(ToyConfig(), CompilationConfig("full", (1,))).compilation_config.cudagraph_mode_note is None
+    )  # all ALWAYS
 
 
 def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
@@ -266,8 +273,10 @@ def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
         CompilationConfig("full", (1, 2)),
         builders={"sconv": UniformShortConvBuilder(config, torch.device("cpu"))},
     )
-    assert runner.cudagraph_mode is FULL_AND_PIECEWISE
-    assert "UniformShortConvBuilder's cudagraph_support is UNIFORM_BATCH" in runner.cudagraph_mode_note
+    assert runner.compilation_config.cudagraph_mode is FULL_AND_PIECEWISE
+    assert (
+        "UniformShortConvBuilder's cudagraph_support is UNIFORM_BATCH" in runner.compilation_config.cudagraph_mode_note
+    )
 
     class Unlabelled:
         def build(self, common: object, for_capture: bool = False) -> None: ...
@@ -278,13 +287,14 @@ def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
 
 def test_linear_attention_must_stay_a_splitting_op_under_compiled_piecewise() -> None:
     config = ToyConfig(layers=("linear_attn", "attn"))
-    assert resolve_splitting_ops(None, config.layers) == ("cglab::linear_attention", "cglab::unified_attention")
+    resolved = CompilationConfig("piecewise").resolve(config, torch.device("cpu"), ())
+    assert resolved.splitting_ops == ("cglab::linear_attention", "cglab::unified_attention")
     with pytest.raises(ConfigError, match="add cglab::linear_attention to splitting_ops"):
         ModelRunner(config, CompilationConfig("piecewise", (1, 2), splitting_ops=["cglab::unified_attention"]))
     # Without PIECEWISE graphs nothing is frozen in a piece: FULL lowered to FULL_DECODE_ONLY (attention
     # is not all split), and the FULL decode graphs hold decode capture metadata.
     runner = ModelRunner(config, CompilationConfig("full", (1, 2), splitting_ops=["cglab::unified_attention"]))
-    assert runner.cudagraph_mode is FULL_DECODE_ONLY
+    assert runner.compilation_config.cudagraph_mode is FULL_DECODE_ONLY
 
 
 def _note(mode: CUDAGraphMode, to: CUDAGraphMode, support: AttentionCGSupport, why: str) -> str:

@@ -12,12 +12,16 @@ import torch
 from cglab import ModelRunner, ToyConfig, run_repro
 from cglab.bench.config import BenchConfig
 from cglab.bench.run import _make_runner
-from cglab.compilation.backends import COMPILE_BACKEND_ENV, auto_compiler
-from cglab.compilation_config import CompilationConfig
+from cglab.compilation_config import COMPILE_BACKEND_ENV, CompilationConfig
 from cglab.errors import ConfigError
 from cglab.lab.notebook import setup_notebook
 
 GPU = torch.cuda.is_available()
+
+
+def auto_compiler(device_type: str) -> str:
+    """What ``backend="auto"`` resolves to on this device type."""
+    return CompilationConfig().resolve(ToyConfig(), torch.device(device_type), ()).backend
 
 
 @pytest.fixture
@@ -50,7 +54,10 @@ def test_setup_on_a_gpu_compiles_the_pieces_eagerly(
     threads: None, no_env: pytest.MonkeyPatch, replays: Counter[str]
 ) -> None:
     assert setup_notebook() == "cuda"
-    assert ModelRunner(ToyConfig(), CompilationConfig("piecewise", (1, 2)), device="cuda").compile_backend == "eager"
+    assert (
+        ModelRunner(ToyConfig(), CompilationConfig("piecewise", (1, 2)), device="cuda").compilation_config.backend
+        == "eager"
+    )
     result = run_repro("piecewise", device="cuda")  # the lesson holds with the eager backend's pieces
     assert result.error is None and not result.diverged
     assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
@@ -101,8 +108,8 @@ def test_a_wrong_compile_backend_in_the_environment_is_one_clear_error(no_env: p
 
 def test_the_runner_reads_auto_from_the_environment(no_env: pytest.MonkeyPatch) -> None:
     no_env.setenv(COMPILE_BACKEND_ENV, "inductor")
-    assert ModelRunner(ToyConfig(), "none").compile_backend == "inductor"  # "none" compiles nothing
-    assert ModelRunner(ToyConfig(), CompilationConfig("none", backend="eager")).compile_backend == "eager"
+    assert ModelRunner(ToyConfig(), "none").compilation_config.backend == "inductor"  # "none" compiles nothing
+    assert ModelRunner(ToyConfig(), CompilationConfig("none", backend="eager")).compilation_config.backend == "eager"
 
 
 def test_the_bench_compiles_as_vllm_whatever_the_environment_says(no_env: pytest.MonkeyPatch) -> None:
@@ -113,13 +120,13 @@ def test_the_bench_compiles_as_vllm_whatever_the_environment_says(no_env: pytest
     runner = _make_runner(
         "compiled_full", config.toy_config(), config.batch_sizes, torch.device("cpu"), lambda *a, **k: None
     )
-    assert runner.compile_backend == "eager"
+    assert runner.compilation_config.backend == "eager"
     if GPU:
         no_env.setenv(COMPILE_BACKEND_ENV, "eager")
         runner = _make_runner(
             "compiled_full", config.toy_config(), config.batch_sizes, torch.device("cuda"), lambda *a, **k: None
         )
-        assert runner.compile_backend == "inductor"
+        assert runner.compilation_config.backend == "inductor"
 
 
 def test_notebook_05s_live_run_is_short_on_either_device() -> None:

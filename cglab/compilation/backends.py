@@ -14,7 +14,6 @@ captured around the split model (vLLM #20059), and a batch with no graph runs it
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,24 +22,7 @@ import torch
 from torch.fx.passes.split_module import split_module
 
 from cglab.compilation.cuda_graph import CUDAGraphWrapper
-from cglab.errors import ConfigError
 from cglab.graphs import GraphBackend
-
-COMPILERS = ("eager", "inductor")
-COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
-
-
-def auto_compiler(device_type: str) -> str:
-    """What ``compile_backend="auto"`` means: ``$CGLAB_COMPILE_BACKEND`` where it is set, else inductor
-    on CUDA (vLLM's) and eager on the CPU (the simulator records the FX pieces' aten ops, no C++
-    toolchain needed). The notebooks set it to eager on a GPU (``cglab.lab.notebook.setup_notebook``)."""
-    chosen = os.environ.get(COMPILE_BACKEND_ENV, "").strip().lower()
-    if chosen and chosen not in COMPILERS:
-        raise ConfigError(
-            f"{COMPILE_BACKEND_ENV}={os.environ[COMPILE_BACKEND_ENV]!r} is not a compile backend; "
-            f"set it to {' or '.join(COMPILERS)}, or unset it (inductor on CUDA, eager on the CPU)"
-        )
-    return chosen or ("inductor" if device_type == "cuda" else "eager")
 
 
 def op_name(node: torch.fx.Node) -> str | None:

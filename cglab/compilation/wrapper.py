@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -134,29 +134,24 @@ class CompiledModel:
             ) from exc
 
 
-def build_forward_model(
-    model: nn.Module,
-    cc: CompilationConfig,
-    policy: CUDAGraphMode,
-    graph_backend: GraphBackend,
-    splitting_ops: Sequence[str],
-    compiler: str,
-    check_addresses: bool,
-) -> nn.Module:
-    """What every step calls: the model through torch.compile, split at ``splitting_ops`` with a
-    ``CUDAGraphWrapper`` per piece where the policy captures PIECEWISE graphs; or (breakable) the plain
-    model, inside one breakable wrapper where it does. The target and the drafter both build theirs here."""
-    piecewise = CUDAGraphMode.PIECEWISE in policy.runtime_modes()
+def build_forward_model(model: nn.Module, cc: CompilationConfig, graph_backend: GraphBackend) -> nn.Module:
+    """What every step calls, for a resolved ``cc`` that captures graphs: the model through torch.compile,
+    split at ``cc.splitting_ops`` with a ``CUDAGraphWrapper`` per piece where the policy captures PIECEWISE
+    graphs; or (breakable) the plain model, inside one breakable wrapper where it does. The target and
+    the drafter both build theirs here (a splitting op the drafter lacks matches no node)."""
+    piecewise = CUDAGraphMode.PIECEWISE in cc.cudagraph_mode.runtime_modes()
     if not cc.use_breakable_cg:
-        return CompiledModel(
-            model,
-            CglabBackend(
-                graph_backend, splitting_ops, piecewise=piecewise, compiler=compiler, check_addresses=check_addresses
-            ),
+        backend = CglabBackend(
+            graph_backend,
+            cc.splitting_ops,
+            piecewise=piecewise,
+            compiler=cc.backend,
+            check_addresses=cc.check_addresses,
         )
+        return CompiledModel(model, backend)
     if piecewise:
         return CUDAGraphWrapper(
-            model, graph_backend, type(model).__name__, check_addresses=check_addresses, breakable=True
+            model, graph_backend, type(model).__name__, check_addresses=cc.check_addresses, breakable=True
         )
     return model
 

@@ -115,9 +115,9 @@ def _flavor(runner: ModelRunner, desc: BatchExecutionDescriptor) -> str:
         return f"one capture of the {'compiled, split ' if runner.compiled_backend is not None else ''}model"
     if runner.compilation_config.use_breakable_cg:
         return "breakable, cut at its eager breaks"
-    if not runner.splitting_ops:
+    if not runner.compilation_config.splitting_ops:
         return "compiled, with no splitting op in this model"
-    return f"compiled, split at {', '.join(runner.splitting_ops)}"
+    return f"compiled, split at {', '.join(runner.compilation_config.splitting_ops)}"
 
 
 def _where(runner: ModelRunner) -> str:

@@ -19,8 +19,8 @@ from matplotlib.transforms import offset_copy
 
 from cglab import __version__
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, get_uniform_decode_token_count
-from cglab.compilation.backends import auto_compiler
-from cglab.config import OP_OF_KIND, CUDAGraphMode, check_int, check_sizes
+from cglab.compilation_config import CompilationConfig
+from cglab.config import OP_OF_KIND, CUDAGraphMode, ToyConfig, check_int, check_sizes
 from cglab.errors import ConfigError
 from cglab.graphs import CapturedGraph, get_backend
 from cglab.lab.anatomy import Piece, steps_as_pieces
@@ -63,6 +63,7 @@ def expect(value: object, kind: type, what: str) -> None:
 def describe_environment(device: str = "cpu") -> str:
     """Versions and the graph backend a notebook runs on, one per line."""
     backend = get_backend("auto", device)
+    compiler = CompilationConfig().resolve(ToyConfig(), torch.device(device), ()).backend
     cuda = torch.version.cuda or "none (CPU build)"
     try:  # a plain PyTorch install (a GPU box's, say) may lack it; only the widget cells need it
         import ipywidgets
@@ -74,7 +75,7 @@ def describe_environment(device: str = "cpu") -> str:
         f"cglab {__version__}, Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda})\n"
         f"matplotlib {matplotlib.__version__}, ipywidgets {widgets}\n"
         f"device: {device}; graph backend: {backend.name} = {backend.label}\n"
-        f"torch.compile compiles the pieces with: {auto_compiler(torch.device(device).type)}"
+        f"torch.compile compiles the pieces with: {compiler}"
     )
 
 

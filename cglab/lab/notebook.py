@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from cglab.compilation.backends import COMPILE_BACKEND_ENV
+from cglab.compilation_config import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
 
 __all__ = ["setup_notebook"]

@@ -64,10 +64,8 @@ def run_spec_repro(
         runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
         return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, cc, k + 1)
-    result.cudagraph_mode, result.cudagraph_mode_note = (
-        runner.target.cudagraph_mode.value,
-        runner.target.cudagraph_mode_note,
-    )
+    resolved = runner.target.compilation_config
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
     result.backend = runner.backend_name
     if runner.target.cudagraph_manager is not None:

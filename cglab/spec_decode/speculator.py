@@ -33,7 +33,7 @@ import torch
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher
 from cglab.buffers import InputBuffers, write_padded
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
-from cglab.config import OP_OF_KIND, CUDAGraphMode
+from cglab.config import CUDAGraphMode
 from cglab.cudagraph_utils import graph_reads, tensor_source
 from cglab.forward_context import set_forward_context
 from cglab.metadata import build_attn_groups
@@ -82,7 +82,7 @@ class AutoRegressiveSpeculator:
         self.draft_tokens = torch.zeros(config.max_num_reqs, num_speculative_tokens, dtype=torch.long, device=device)
         self.last_token_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
         self.current_draft_step = torch.zeros((), dtype=torch.long, device=device)
-        mode, sizes = target.cudagraph_mode, target.compilation_config.cudagraph_capture_sizes
+        mode, sizes = target.compilation_config.cudagraph_mode, target.compilation_config.cudagraph_capture_sizes
         self.prefill_dispatcher = CudagraphDispatcher(
             mode, sizes, config.max_num_reqs, decode_query_len=num_speculative_tokens + 1
         )
@@ -92,17 +92,13 @@ class AutoRegressiveSpeculator:
         backend = target.graph_backend
         if backend is not None:
             cc = target.compilation_config
-            # One compilation config for both models, as in vLLM: split at the target's splitting ops
-            # that the drafter has.
-            ops = [op for op in target.splitting_ops if op in {OP_OF_KIND[k] for _, k in self.model.layer_pairs}]
-            self.forward_model = build_forward_model(
-                self.model, cc, mode, backend, ops, target.compile_backend, target.check_addresses
-            )
+            # One compilation config for both models, as in vLLM.
+            self.forward_model = build_forward_model(self.model, cc, backend)
             self.prefill_manager = SpeculatorCudaGraphManager(
-                backend, self.prefill_dispatcher, target.check_addresses, not cc.use_breakable_cg
+                backend, self.prefill_dispatcher, cc.check_addresses, not cc.use_breakable_cg
             )
             self.decode_manager = SpeculatorCudaGraphManager(
-                backend, self.decode_dispatcher, target.check_addresses, not cc.use_breakable_cg
+                backend, self.decode_dispatcher, cc.check_addresses, not cc.use_breakable_cg
             )
             self.capture()
 
