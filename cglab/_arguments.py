@@ -63,13 +63,9 @@ def counts(low: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``low``."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
+        if not text.strip().lstrip("-").isdigit() or int(text) < low:
             raise argparse.ArgumentTypeError(f"expected an integer of at least {low}, got {text!r}")
-        return value
+        return int(text)
 
     return parse
 

@@ -157,16 +157,9 @@ def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
 
 # Switches that change only how graphs are captured or replayed; --mode none captures none.
 _GRAPH_SWITCHES = (
-    "legacy_skip_attn",
-    "piecewise_flavor",
-    "splitting_ops",
-    "capture_sizes",
-    "strict_layers",
-    "python_guards",
-    "pre_49751_dummy_split",
-    "uniform_decode_by_shape",
-    "frozen_step_index",
-)
+    "legacy_skip_attn piecewise_flavor splitting_ops capture_sizes strict_layers python_guards pre_49751_dummy_split "
+    "uniform_decode_by_shape frozen_step_index"
+).split()
 
 
 def _check_repro(args: argparse.Namespace) -> None:
@@ -258,22 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _import_torch(device: str) -> None:
-    """Import torch, the seconds of start-up that come after the checks; then hand Ctrl-C to ``main``.
-    Before that, ``_interrupt`` ends the process at a Ctrl-C: an interrupted torch import can fail oddly."""
-    import torch
-
-    if device == "cpu":
-        torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
-    _interrupt.keyboard_interrupt_from_here()
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """The host's or the device's memory ran out (torch's error only if torch got imported)."""
-    torch = sys.modules.get("torch")
-    return isinstance(exc, MemoryError) or (torch is not None and isinstance(exc, torch.OutOfMemoryError))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: its exit status, or one line on stderr and 2 (bad values), 1 (the file system
     failed; a finished result is kept, see ``_save``) or 130 (Ctrl-C), never a traceback."""
@@ -284,7 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = f"{parser.prog} {args.command}"
         if getattr(args, "validate", None) is not None:
             args.validate(args)
-        _import_torch(args.device)
+        import torch  # the seconds of start-up that come after the checks
+
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
+        # Until here a Ctrl-C ends the process at once (an interrupted torch import can fail oddly).
+        _interrupt.keyboard_interrupt_from_here()
         status = args.func(args)
         sys.stdout.flush()  # a stdout closed early fails here, where the clause below tells it from a disk
         return status
@@ -299,8 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
         message = str(exc)
-    except (MemoryError, RuntimeError) as exc:
-        if not _out_of_memory(exc):
+    except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        if not isinstance(exc, (MemoryError, getattr(sys.modules.get("torch"), "OutOfMemoryError", MemoryError))):
             raise
         message = "out of memory; use fewer or smaller batch sizes, capture sizes or steps"
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)

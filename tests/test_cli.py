@@ -16,8 +16,8 @@ import torch
 from cglab import ReproResult
 from cglab.cli import build_parser, main
 from cglab.repro import divergence_verdict
-from cglab.repro_report import repro_header
-from cglab.spec_decode.repro import spec_divergence_verdict, summarize_spec
+from cglab.repro_report import repro_header, repro_verdict
+from cglab.spec_decode.repro import summarize_spec
 
 KEYS = [
     "mode",
@@ -487,7 +487,7 @@ def test_the_speculative_verdict_names_what_diverged(
     the speculative summary alike."""
     fields, verdict, caches = SPEC_VERDICTS[case]
     result = replace(SPEC_BASE, **fields)
-    assert spec_divergence_verdict(result) == verdict
+    assert repro_verdict(result) == verdict
     assert summarize_spec(result).splitlines()[1] == f"generated tokens identical to the eager run: True; {caches}"
     monkeypatch.setattr("cglab.spec_decode.run_spec_repro", lambda *a, **k: result)
     assert main(["repro", "--num-speculative-tokens", "2"]) == 0
@@ -517,7 +517,7 @@ def test_the_verdict_without_a_drafter(fields: dict, verdict: str) -> None:
 
 def test_tokens_that_differ_are_named_too() -> None:
     result = replace(SPEC_BASE, max_abs_diff=0.3, outputs_identical=False)
-    assert spec_divergence_verdict(result) == (
+    assert repro_verdict(result) == (
         "logits and generated tokens DIVERGED from eager; target caches and drafter caches match"
     )
 

@@ -280,7 +280,6 @@ def test_the_most_speculative_tokens_the_toy_allows_run(device):
         ({"num_speculative_tokens": 0}, "nothing to draft"),
         ({"num_speculative_tokens": -1}, "at least 0"),
         ({"num_speculative_tokens": 17}, "above 16, the most the toy drafts per step"),
-        ({"num_speculative_tokens": 2, "frozen_step_index": "yes"}, "True or False"),
         ({"num_speculative_tokens": 2, "draft_layers": "attn,mamba"}, "unknown layer kind"),
     ],
 )
@@ -305,27 +304,9 @@ def test_bad_requests_in_a_step_are_refused():
         runner.step(["b"])
     with pytest.raises(ConfigError, match="list of token ids"):
         runner.add_request("c", 5)
-    with pytest.raises(ConfigError, match=r"takes a list of request ids such as \['req0'\], got 'ab'"):
-        runner.step("ab")  # a string is not a list of ids 'a' and 'b'
-    with pytest.raises(ConfigError, match="which this step does not verify"):
-        runner.step(["a"], drafts={"a": [1, 2]})  # its first step runs its prompt
     runner.add_request("d", [4, 5])
     runner.step(["a", "d"])
-    for drafts, message in (
-        (
-            {"a": [1]},
-            "got 1 drafts, but every verification step checks num_speculative_tokens = 2; give exactly 2 token ids",
-        ),
-        ({"a": [1, 2, 3]}, "got 3 drafts"),
-        ({"b": [1, 2]}, "request 'b', which this step does"),
-        ({"d": [1, 2]}, r"request 'd', which this step does not verify \(not scheduled"),
-        ([1, 2], "drafts must be a dict"),
-        ({"a": "12"}, "list of token ids"),
-        ({"a": [1, 64]}, "outside the vocabulary"),
-    ):
-        with pytest.raises(ConfigError, match=message):
-            runner.step(["a"], drafts=drafts)
-    assert runner.step(["a"], drafts={"a": [1, 2]}).num_drafts == [2]  # the refusals left the runner as it was
+    assert runner.step(["a"], drafts={"a": [1, 2]}).num_drafts == [2]  # the eager shadow's way to verify given drafts
 
 
 def _spec_result(tokens_per_step: list[float], acceptance: float, k: int = 2, legacy: bool = False) -> ReproResult:

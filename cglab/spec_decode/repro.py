@@ -1,15 +1,10 @@
 """Speculative decoding end to end: what ``python -m cglab repro --num-speculative-tokens K`` runs.
 
-Three engines on identical weights and prompts:
-
-* the **graph runner**: target and drafter with graphs, in the mode and flavor asked for;
-* an eager **shadow** that verifies exactly the drafts the graph runner proposed, so every target
-  step can be compared with eager logits, and every cache (the drafter's too) at the end;
-* an eager **reference** that runs the same drafter on its own: its acceptance rate is what the graph
-  runner's should be, and its generated tokens are what greedy decoding of the target gives.
-
-Greedy verification keeps a broken drafter's outputs exact: it shows up only as a lower acceptance
-rate than the reference, fewer tokens per step, a silent loss of speed.
+Three engines on identical weights and prompts: the **graph runner** (target and drafter with graphs); an
+eager **shadow** that verifies exactly the graph runner's drafts, so that every target step and, at the
+end, every cache can be compared; an eager **reference** with its own drafter, whose acceptance rate the
+graph runner's should equal. Greedy verification keeps a broken drafter's outputs exact: it shows only as
+a lower acceptance rate, fewer tokens per step, a silent loss of speed.
 """
 
 from __future__ import annotations
@@ -44,14 +39,10 @@ def run_spec_repro(
     device: str = "cpu",
     progress: Callable[[], object] | None = None,
 ) -> ReproResult:
-    """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
-    from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
-    ``batch_sizes[i % len(batch_sizes)]`` requests.
-
-    ``speculative_config``: K, and the drafter's layers (``draft_layer_pairs``; none: ``DEFAULT_DRAFT_LAYERS``).
-    ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
-    as ``run_repro``.
-    """
+    """Prefill every prompt eagerly, one request a step (every engine's speculative steps start from the
+    same caches), then run ``steps`` speculative steps of the first ``batch_sizes[i % len]`` requests.
+    ``speculative_config``: K and the drafter's layers (``draft_layer_pairs``; none: ``DEFAULT_DRAFT_LAYERS``);
+    ``frozen_step_index``: see ``AutoRegressiveSpeculator``; the rest as ``run_repro``."""
     cc, k = CompilationConfig.of(compilation_config), speculative_config.num_speculative_tokens
     config = repro_config(
         config or ToyConfig(), cc, batch_sizes, steps, num_speculative_tokens=k, max_num_reqs=max_num_reqs
@@ -90,12 +81,10 @@ def run_spec_repro(
             _count(result.draft_steps_by_mode.setdefault("prefill", {}), out.draft_prefill.cg_mode.value)
             for desc in out.draft_decode:
                 _count(result.draft_steps_by_mode.setdefault("decode", {}), desc.cg_mode.value)
-            for name, output, per_step in (
-                ("runner", out, result.tokens_per_step),
-                ("reference", ref, result.reference_tokens_per_step),
-            ):
-                outputs[name].append(output)
-                per_step.append(_tokens_per_request(output))
+            outputs["runner"].append(out)
+            outputs["reference"].append(ref)
+            result.tokens_per_step.append(_tokens_per_request(out))
+            result.reference_tokens_per_step.append(_tokens_per_request(ref))
             if progress is not None:
                 progress()
     except CglabError as exc:
@@ -127,12 +116,6 @@ def summarize_spec(result: ReproResult) -> str:
         f"{tokens:.2f} tokens per step (eager drafter {reference:.2f}) -> {verdict}\n"
         f"generated tokens identical to the eager run: {result.outputs_identical}; {caches}"
     )
-
-
-def spec_divergence_verdict(result: ReproResult) -> str:
-    """``divergence_verdict`` of a speculative run, the target's caches told from the drafter's, e.g.
-    ``"drafter caches DIVERGED from eager; logits and target caches match"``."""
-    return divergence_verdict(result, cache_groups(result))
 
 
 def cache_groups(result: ReproResult) -> dict[str, list[str]]:
