@@ -8,7 +8,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 PROG = "python -m cglab"
 
@@ -24,21 +24,17 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 class Parser(argparse.ArgumentParser):
     """Bad arguments get one line naming the argument, not a usage dump or a traceback."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def help_text(description: str, examples: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """``description`` filled to the help's width by hand (the formatter keeps text as written, for the
-    examples) and an epilog of example command lines, each with what it shows (a shell comment, so the
-    block pastes)."""
+def help_text(description: str, examples: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A parser's help: ``description`` filled to the width by hand (the formatter keeps text as written, for
+    the examples), and an epilog of example command lines, each with what it shows (a shell comment)."""
     return {
         "description": textwrap.fill(" ".join(description.split()), width=88),
         "epilog": "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in examples),
+        "formatter_class": _HelpFormatter,
     }
 
 

@@ -1,9 +1,6 @@
-"""``python -m cglab``: the headless entry points (``repro``, ``bench``, ``startup``; more register here).
-
-Arguments are parsed and checked before torch is imported (seconds): a typo is refused at once. So
-this module, and everything it imports at the top, stays free of torch; the commands import the
-engine when they run.
-"""
+"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``). Arguments are checked
+before torch is imported (seconds), so a typo is refused at once: this module and its imports stay free of
+torch; the commands import the engine when they run."""
 
 from __future__ import annotations
 
@@ -144,8 +141,7 @@ BAR_DELAY_S = 2.0  # a run shorter than this shows no bar
 
 @contextmanager
 def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
-    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``: a long run (thousands
-    of steps, hundreds of requests) says how far it got. Elsewhere (a log, a pipe) nothing, as in bench."""
+    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``; in a log or a pipe, none."""
     if not sys.stderr.isatty():
         yield None
         return
@@ -165,8 +161,7 @@ _GRAPH_SWITCHES = (
 def _check_repro(args: argparse.Namespace) -> None:
     """Before torch: warn once about each switch that changes nothing in the chosen mode (the run goes on),
     refuse contradictions, and build the configs, which check the rest."""
-    for flags, why in _idle_switches(args):
-        _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
+    _warn_idle_switches(args)
     k = args.num_speculative_tokens
     if k and args.prefill_chunk:
         raise ConfigError(
@@ -200,36 +195,28 @@ def _warn(text: str) -> None:
     print(f"{PROG} repro: warning: {text}", file=sys.stderr, flush=True)
 
 
-def _idle_switches(args: argparse.Namespace) -> list[tuple[list[str], str]]:
-    """The switches given that change nothing here, grouped by the reason (each switch named once)."""
-
-    def given(*names: str) -> list[str]:
-        return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
-
-    k = args.num_speculative_tokens
-    groups = [
+def _warn_idle_switches(args: argparse.Namespace) -> None:
+    """One warning line per reason, naming the switches given that change nothing here (each switch once)."""
+    k, named = args.num_speculative_tokens, set()
+    for names, idle, why in (
+        (("draft_layers", "frozen_step_index"), k == 0, "without --num-speculative-tokens K: there is no drafter"),
         (
-            given("draft_layers", "frozen_step_index") if k == 0 else [],
-            "without --num-speculative-tokens K: there is no drafter",
-        ),
-        (
-            given(*_GRAPH_SWITCHES) if args.mode == "none" else [],
+            _GRAPH_SWITCHES,
+            args.mode == "none",
             "under --mode none: it captures no graph (the run compares eager with eager)",
         ),
         (
-            given("splitting_ops", "python_guards") if args.piecewise_flavor == "breakable" else [],
+            ("splitting_ops", "python_guards"),
+            args.piecewise_flavor == "breakable",
             "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention",
         ),
-        (given("frozen_step_index") if k == 1 else [], "with one speculative token: no draft decode step"),
-    ]
-    named: set[str] = set()
-    idle = []
-    for flags, why in groups:
+        (("frozen_step_index",), k == 1, "with one speculative token: no draft decode step"),
+    ):
+        flags = [f"--{n.replace('_', '-')}" for n in names if idle and getattr(args, n) not in (None, False)]
         flags = [f for f in flags if f not in named]
         named.update(flags)
         if flags:
-            idle.append((flags, why))
-    return idle
+            _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
 
 
 def build_parser() -> argparse.ArgumentParser:

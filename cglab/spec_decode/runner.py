@@ -38,13 +38,10 @@ class SpecStepOutput:
 
 
 class SpecDecodeRunner:
-    """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification.
-
-    The target ``ModelRunner`` gets ``compilation_config``, and the drafter captures with the same settings.
-    As in vLLM's model runner v2, PIECEWISE graphs keep the capture sizes and FULL uniform-decode graphs
-    round them up to multiples of ``K + 1`` (``uniform_decode_sizes``).
-    ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
-    """
+    """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification; the
+    target ``ModelRunner`` gets ``compilation_config`` and the drafter captures with the same settings. As in
+    vLLM's model runner v2, FULL uniform-decode graphs round the capture sizes up to multiples of ``K + 1``.
+    ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``)."""
 
     def __init__(
         self,
@@ -97,13 +94,9 @@ class SpecDecodeRunner:
     def step(
         self, req_ids: Sequence[str], eager: bool = False, drafts: Mapping[str, Sequence[int]] | None = None
     ) -> SpecStepOutput:
-        """One step for ``req_ids``: verify their drafts (or run their prompts), then draft again.
-
-        ``drafts`` replaces the runner's own proposals for the requests it names: an eager reference
-        verifies exactly what a graph runner proposed, so the two target steps can be compared.
-        ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode
-        dispatches as usual).
-        """
+        """One step for ``req_ids``: verify their drafts (or run their prompts), then draft again. ``drafts``
+        replaces the runner's own proposals (an eager shadow verifies what a graph runner proposed);
+        ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode dispatches)."""
         if len(set(req_ids)) != len(req_ids):
             raise ConfigError(f"a step schedules each request once; {list(req_ids)} names one more than once")
         tokens, num_drafts = [], []

@@ -193,14 +193,9 @@ class AutoRegressiveSpeculator:
         num_valid: Sequence[int],
         next_tokens: Sequence[int],
     ) -> tuple[list[list[int]], BatchExecutionDescriptor, list[BatchExecutionDescriptor]]:
-        """Drafts after the target ran ``step``: ``K`` tokens per request.
-
-        ``target_output``: the target's padded output (logits, then hidden states), as ``execute``
-        returned it. ``tokens``: each request's tokens in that step; ``num_valid``: how many of them
-        the target kept (the whole prompt, or the last token plus the accepted drafts); ``next_tokens``:
-        the token the target produced after them. Returns the drafts and how the draft prefill and each
-        draft decode step ran.
-        """
+        """``K`` drafts per request after the target ran ``step`` (``target_output``: its padded logits and
+        hidden states) on ``tokens``, of which it kept ``num_valid`` and then produced ``next_tokens``; and
+        how the draft prefill and each draft decode step ran."""
         batch = step.input_batch
         shifted, last_rows, start = [], [], 0
         for toks, valid, nxt in zip(tokens, num_valid, next_tokens):
