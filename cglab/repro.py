@@ -229,12 +229,9 @@ def run_repro(
     device: str = "cpu",
     progress: Callable[[], object] | None = None,
 ) -> ReproResult:
-    """Run ``schedule``'s steps on a graph runner and an eager reference; compare every step's logits
-    (then call ``progress()``) and, at the end, every cache.
-
-    ``compilation_config``: how the graph runner captures (a mode name: only that mode). ``config``: the
-    model (layers, guards, seed...; None: the default); ``repro_config`` sizes its caches for the run.
-    ``result.cudagraph_mode`` is the policy after lowering for the builders."""
+    """Run ``schedule``'s steps on a graph runner built with ``compilation_config`` (a mode name: only that
+    mode) and on an eager reference; compare every step's logits (then call ``progress()``) and, at the end,
+    every cache. ``config``: the model (None: the default), sized for the run by ``repro_config``."""
     cc = CompilationConfig.of(compilation_config)
     config = repro_config(
         config or ToyConfig(), cc, batch_sizes, steps, prefill_chunk=prefill_chunk, max_num_reqs=max_num_reqs
@@ -245,12 +242,8 @@ def run_repro(
         runner = ModelRunner(config, cc, device=device)
     except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
         return failed_capture(result, exc, ModelRunner(config, "none", device=device), cc)
-    resolved = runner.compilation_config
-    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
+    describe_runner(result, runner)
     reference = ModelRunner(config, "none", device=device)
-    result.backend = runner.backend_name
-    if runner.cudagraph_manager is not None:
-        result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
     prompts, decode = make_workload(config, steps, num_requests=max(batch_sizes))
     try:
         for i, prompt in enumerate(prompts):
@@ -273,6 +266,15 @@ def run_repro(
         runner.close()
     compare_final_state(result, runner, reference)
     return result
+
+
+def describe_runner(result: ReproResult, runner: ModelRunner) -> None:
+    """How the graph runner was set up: the policy it resolved (and why), its graph backend, its graphs."""
+    resolved = runner.compilation_config
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
+    result.backend = runner.backend_name
+    if runner.cudagraph_manager is not None:
+        result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
 
 
 def failed_capture(

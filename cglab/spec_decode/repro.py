@@ -17,6 +17,7 @@ from cglab.errors import CaptureError, CglabError
 from cglab.repro import (
     ReproResult,
     compare_final_state,
+    describe_runner,
     divergence_verdict,
     failed_capture,
     make_workload,
@@ -55,12 +56,8 @@ def run_spec_repro(
         runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
         return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, cc, k + 1)
-    resolved = runner.target.compilation_config
-    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
+    describe_runner(result, runner.target)
     shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
-    result.backend = runner.backend_name
-    if runner.target.cudagraph_manager is not None:
-        result.captured_sizes = {m.value: s for m, s in runner.target.cudagraph_manager.captured_sizes.items()}
     prompts, _ = make_workload(config, steps, num_requests=max(batch_sizes))
     engines = (runner, shadow, reference)
     outputs: dict[str, list[SpecStepOutput]] = {"runner": [], "reference": []}
