@@ -48,14 +48,11 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
         input_buffers: InputBuffers,
         block_tables: BlockTables,
         attn_groups: Sequence[AttentionGroup],
-        *,
         reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
         compilation_config: CompilationConfig,
     ) -> None:
-        """Capture ``routine`` for every descriptor of this manager's dispatcher.
-
-        ``reads(metadata)``: what the routine reads from outside its graph, checked before each replay.
-        """
+        """Capture ``routine`` for every descriptor of the dispatcher; ``reads(metadata)``: what it reads from
+        outside its graph, checked before each replay."""
 
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
             return create_capture_forward(

@@ -122,9 +122,8 @@ def cache_groups(result: ReproResult) -> dict[str, list[str]]:
 
 
 def acceptance_rate(steps: Sequence[SpecStepOutput]) -> float | None:
-    """Accepted drafts over verified drafts, counted in draft tokens over every request of every step
-    (None: no draft was verified). A request verifies K drafts a step: counted per request, the rate
-    would read up to K times too high and could pass 1."""
+    """Accepted drafts over verified drafts, in draft tokens over every request of every step (None: none
+    verified); counted per request, the rate would read up to K times too high."""
     verified = sum(sum(step.num_drafts) for step in steps)
     return sum(sum(step.num_accepted) for step in steps) / verified if verified else None
 

@@ -63,7 +63,13 @@ class SpecDecodeRunner:
                 f"max_num_batched_tokens {config.max_num_batched_tokens}; use fewer speculative tokens"
             )
         pairs = draft_layer_pairs(draft_layers)
-        check_spec_decode_layers(config.layers, pairs)
+        # One recurrent state per request would absorb the drafts that verification rejects: the toy keeps
+        # no earlier state to go back to.
+        if "linear_attn" in config.layers or any(kind == "linear_attn" for _, kind in pairs):
+            raise ConfigError(
+                "speculative decoding does not support linear_attn layers (target or drafter): their one state "
+                "per request would absorb the rejected drafts; use attn, sconv or compressor layers"
+            )
         self.config = config
         self.num_speculative_tokens = k
         self.target = ModelRunner(
@@ -135,18 +141,6 @@ class SpecDecodeRunner:
     def close(self) -> None:
         self.speculator.close()
         self.target.close()
-
-
-def check_spec_decode_layers(layers: Sequence[str], draft_pairs: Sequence[tuple[str, str]]) -> None:
-    """Refuse ``linear_attn`` in the target or the drafter: its one recurrent state per request would
-    absorb the drafts that verification rejects, with no earlier state to go back to."""
-    if "linear_attn" in layers or any(kind == "linear_attn" for _, kind in draft_pairs):
-        raise ConfigError(
-            "speculative decoding does not support linear_attn layers (target or drafter): such a layer "
-            "keeps one recurrent state per request, which would absorb the rejected drafts, and the toy "
-            "keeps no per-token states to roll back to; use attn, sconv or compressor layers with "
-            "speculative tokens"
-        )
 
 
 def greedy_decode(runner: ModelRunner, req_id: str, prompt: Sequence[int], num_tokens: int) -> list[int]:

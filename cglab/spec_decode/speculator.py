@@ -100,22 +100,12 @@ class AutoRegressiveSpeculator:
         # Indices left by earlier runs must not index out of range in the dummy batches.
         self.last_token_indices.zero_()
         self.prefill_manager.capture_routine(
-            self._captured_prefill,
-            target.input_buffers,
-            target.block_tables,
-            target.attn_groups,
-            reads=self._reads,
-            compilation_config=cc,
+            self._captured_prefill, target.input_buffers, target.block_tables, target.attn_groups, self._reads, cc
         )
         if self.num_speculative_tokens > 1:
             self.current_draft_step.fill_(1)  # warmup and capture run step 1, the first draft decode step
             self.decode_manager.capture_routine(
-                self._captured_decode,
-                self.input_buffers,
-                target.block_tables,
-                self.attn_groups,
-                reads=self._reads,
-                compilation_config=cc,
+                self._captured_decode, self.input_buffers, target.block_tables, self.attn_groups, self._reads, cc
             )
 
     def _captured_prefill(self, desc: BatchExecutionDescriptor, num_reqs: int) -> torch.Tensor:
