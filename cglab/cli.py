@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -44,68 +45,35 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
         "if it diverged or failed; 2 for bad arguments.",
         *REPRO_EXAMPLES,
     )
-    modes = [m.value for m in CUDAGraphMode]
+    modes, switch = [m.value for m in CUDAGraphMode], functools.partial(p.add_argument, action="store_true")
     p.add_argument("--mode", type=str.lower, choices=modes, default="piecewise", help="a runtime mode or a policy")
     p.add_argument(
         "--piecewise-flavor",
         choices=PIECEWISE_FLAVORS,
-        help="compiled (the default): torch.compile split at --splitting-ops, as vLLM; breakable: one capture "
-        "split at the eager breaks. Under FULL: whether the graph records the compiled model",
+        help="compiled (default): torch.compile split at --splitting-ops, as vLLM; breakable: one capture cut "
+        "at the eager breaks",
     )
     p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: attention); from {OPS}")
-    p.add_argument("--legacy-skip-attn", action="store_true", help="capture as before vLLM PR #49364 (the bug)")
+    switch("--legacy-skip-attn", help="capture as before vLLM PR #49364 (the bug)")
     p.add_argument("--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(LAYER_KINDS)}")
-    p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
-    p.add_argument(
-        "--python-guards",
-        action="store_true",
-        help="the stateful layers' None guard in plain Python in forward (Inkling's style): torch.compile "
-        "decides it once, when it traces",
-    )
-    p.add_argument(
-        "--pre-49751-dummy-split",
-        action="store_true",
-        help="split the capture batch as before vLLM PR #49751: attention reads past its block-table row",
-    )
-    p.add_argument(
-        "--capture-sizes",
-        type=int_list,
-        help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those)",
-    )
+    switch("--strict-layers", help="stateful layers without the None guard")
+    switch("--python-guards", help="the None guard in plain Python (Inkling's style): traced once by dynamo")
+    switch("--pre-49751-dummy-split", help="the capture batch split before vLLM PR #49751 (the revert of #49364)")
+    p.add_argument("--capture-sizes", type=int_list, help="tokens per graph (default 1,2,4,8; K+1 times those)")
     p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
-    p.add_argument(
-        "--max-num-reqs",
-        type=counts(1),
-        metavar="N",
-        help="the engine's request limit (default: the largest batch size); capture sizes above it make "
-        "prefill-shaped capture batches",
-    )
+    p.add_argument("--max-num-reqs", type=counts(1), metavar="N", help="request limit (default: the largest batch)")
     p.add_argument("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")
     p.add_argument("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
+    switch("--uniform-decode-by-shape", help="uniform decode by batch shape alone, as vLLM before PR #51865")
     p.add_argument(
-        "--uniform-decode-by-shape",
-        action="store_true",
-        help="classify uniform decode by batch shape alone, as vLLM did before PR #51865",
+        "--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="K drafts a step, verified greedily"
     )
-    p.add_argument(
-        "--num-speculative-tokens",
-        type=counts(0),
-        default=0,
-        metavar="K",
-        help="K drafts per step from an EAGLE-style drafter, verified greedily; reports acceptance rates",
-    )
-    p.add_argument(
-        "--draft-layers", type=name_list(LAYER_KINDS), help="the drafter's layers after its fusion conv (default: attn)"
-    )
-    p.add_argument(
-        "--frozen-step-index",
-        action="store_true",
-        help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892)",
-    )
+    p.add_argument("--draft-layers", type=name_list(LAYER_KINDS), help="the drafter's layers (default: attn)")
+    switch("--frozen-step-index", help="the draft step index as a Python int, frozen at capture (vLLM #48892)")
     p.add_argument("--seed", type=int, default=0, help="weights and prompts")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--check", action="store_true", help="exit 1 if it diverged, lost acceptance or failed")
+    switch("--json", help="print one JSON object")
+    switch("--check", help="exit 1 if it diverged, lost acceptance or failed")
     p.set_defaults(func=_run_repro, validate=_check_repro)
 
 
