@@ -42,38 +42,5 @@ _EXPORTS = {
     "cglab.runner": ("ModelRunner", "StepOutput"),
 }
 
-__all__ = [
-    "PAD_SLOT_ID",
-    "AddressChangedError",
-    "AttentionCGSupport",
-    "BatchExecutionDescriptor",
-    "BlockTables",
-    "CUDAGraphMode",
-    "CapacityError",
-    "CaptureError",
-    "CglabError",
-    "CompilationConfig",
-    "ConfigError",
-    "CudaGraphManager",
-    "CudagraphDispatcher",
-    "InputBatch",
-    "InputBuffers",
-    "MetadataBuildError",
-    "MissingMetadataError",
-    "ModelRunner",
-    "ReproResult",
-    "SpeculativeConfig",
-    "StepOutput",
-    "ToyConfig",
-    "ToyTransformer",
-    "get_forward_context",
-    "prepare_attn",
-    "prepare_inputs_to_capture",
-    "prepare_inputs_to_capture_legacy",
-    "run_repro",
-    "set_forward_context",
-    "state_differences",
-]
-
-
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_exports("cglab", _EXPORTS, globals(), __all__)

@@ -1,90 +1,25 @@
-"""``python -m cglab``: the headless entry points (``repro``, ``bench``, ``startup``; more register here).
-
-Arguments are parsed and checked before torch is imported (seconds): a typo is refused at once. So
-this module, and everything it imports at the top, stays free of torch; the commands import the
-engine when they run.
-"""
+"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``). Arguments are checked
+before torch is imported (seconds), so a typo is refused at once: this module and its imports stay free of
+torch; the commands import the engine when they run."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
+import functools
 import sys
-import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import NoReturn
 
 from cglab import _interrupt
+from cglab._arguments import PROG, Parser, add_command, counts, help_text, int_list, name_list, stdout_to_devnull
+from cglab.bench.cli import add_bench, add_startup
 from cglab.compare import dumps
-from cglab.config import (
-    DEVICES,
-    LAYER_KINDS,
-    OP_OF_KIND,
-    PIECEWISE_FLAVORS,
-    CUDAGraphMode,
-)
+from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig, SpeculativeConfig
+from cglab.config import DEVICES, LAYER_KINDS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig
 from cglab.errors import CglabError, ConfigError, NotSavedError
 
-PROG = "python -m cglab"
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """argparse's own "(default: ...)" after each option's help, and the examples kept as written.
-    Options whose default is None work theirs out from other options: their help says how."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments get one line naming the argument, not a usage dump or a traceback."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _help_text(description: str, examples: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """``description`` filled to the help's width by hand (the formatter keeps text as written, for the
-    examples) and an epilog of example command lines, each with what it shows (a shell comment, so the
-    block pastes)."""
-    return {
-        "description": textwrap.fill(" ".join(description.split()), width=88),
-        "epilog": "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in examples),
-    }
-
-
-def add_command(
-    sub: argparse._SubParsersAction, name: str, summary: str, description: str, *examples: tuple[str, str]
-) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name``: ``summary`` in the command list, the rest in its --help."""
-    return sub.add_parser(name, help=summary, **_help_text(description, examples))
-
-
-def _items(text: str) -> list[str]:
-    """``"a, b"`` -> ``["a", "b"]``. An empty item (``"1,,2"``) is a typo, not a separator: refused."""
-    items = [part.strip() for part in text.split(",")]
-    if any(items) and not all(items):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} has an empty item (two commas in a row, or one at an end); remove it"
-        )
-    return [item for item in items if item]
-
-
-def int_list(text: str) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]`` (argparse type: its error message names the argument)."""
-    try:
-        values = [int(part) for part in _items(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
-
+OPS = ", ".join(OP_OF_KIND.values())
 
 REPRO_EXAMPLES = (
     (f"{PROG} repro --legacy-skip-attn", "the bug: compiled PIECEWISE diverges from eager, and nothing raises"),
@@ -110,149 +45,63 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
         "if it diverged or failed; 2 for bad arguments.",
         *REPRO_EXAMPLES,
     )
-    p.add_argument(
-        "--mode",
-        type=str.lower,
-        choices=[m.value for m in CUDAGraphMode],
-        default="piecewise",
-        help="a runtime mode or a policy (case does not matter)",
-    )
+    modes, switch = [m.value for m in CUDAGraphMode], functools.partial(p.add_argument, action="store_true")
+    p.add_argument("--mode", type=str.lower, choices=modes, default="piecewise", help="a runtime mode or a policy")
     p.add_argument(
         "--piecewise-flavor",
-        choices=list(PIECEWISE_FLAVORS),
-        help="compiled (the default): torch.compile split at --splitting-ops, as vLLM; breakable: one "
-        "capture split at the eager breaks. Under FULL: whether the graph records the compiled model",
+        choices=PIECEWISE_FLAVORS,
+        help="compiled (default): torch.compile split at --splitting-ops, as vLLM; breakable: one capture cut "
+        "at the eager breaks",
     )
-    p.add_argument(
-        "--splitting-ops",
-        help=f"ops compiled PIECEWISE splits at (default: the attention ops); from {', '.join(OP_OF_KIND.values())}",
-    )
-    p.add_argument(
-        "--legacy-skip-attn", action="store_true", help="capture with the code from before vLLM PR #49364 (the bug)"
-    )
-    p.add_argument(
-        "--layers",
-        default="sconv,attn,compressor,attn",
-        help=f"layer pattern, comma-separated kinds from {', '.join(LAYER_KINDS)} (e.g. linear_attn,attn)",
-    )
-    p.add_argument("--strict-layers", action="store_true", help="stateful layers without the None guard")
-    p.add_argument(
-        "--python-guards",
-        action="store_true",
-        help="the stateful layers' None guard in plain Python in forward (Inkling's style), not in "
-        "their custom op: torch.compile decides it once, when it traces the profiling run",
-    )
-    p.add_argument(
-        "--pre-49751-dummy-split",
-        action="store_true",
-        help="split the capture batch as before vLLM PR #49751 (the whole remainder to the last request, "
-        "which may exceed max_model_len): attention reads past its block-table row, the revert of "
-        "#49364",
-    )
-    p.add_argument(
-        "--capture-sizes",
-        type=int_list,
-        help="tokens per graph (default 1,2,4,8; with K speculative tokens, K+1 times those); as in "
-        "vLLM's model runner v2, FULL uniform-decode graphs round them up to multiples of K+1",
-    )
+    p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: attention); from {OPS}")
+    switch("--legacy-skip-attn", help="capture as before vLLM PR #49364 (the bug)")
+    p.add_argument("--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(LAYER_KINDS)}")
+    switch("--strict-layers", help="stateful layers without the None guard")
+    switch("--python-guards", help="the None guard in plain Python (Inkling's style): traced once by dynamo")
+    switch("--pre-49751-dummy-split", help="the capture batch split before vLLM PR #49751 (the revert of #49364)")
+    p.add_argument("--capture-sizes", type=int_list, help="tokens per graph (default 1,2,4,8; K+1 times those)")
     p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
+    p.add_argument("--max-num-reqs", type=counts(1), metavar="N", help="request limit (default: the largest batch)")
+    p.add_argument("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")
+    p.add_argument("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
+    switch("--uniform-decode-by-shape", help="uniform decode by batch shape alone, as vLLM before PR #51865")
     p.add_argument(
-        "--max-num-reqs",
-        type=int,
-        metavar="N",
-        help="the engine's request limit, at least the largest batch size (default: that size); a capture "
-        "size above it makes a prefill-shaped capture batch",
+        "--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="K drafts a step, verified greedily"
     )
-    p.add_argument(
-        "--steps", type=int, default=16, help="steps after the eager prefill; with --prefill-chunk, all steps"
-    )
-    p.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=0,
-        help="0: prefill eagerly first; N: prompts enter the engine N tokens a step, mixed with decodes",
-    )
-    p.add_argument(
-        "--uniform-decode-by-shape",
-        action="store_true",
-        help="classify uniform decode by batch shape alone, as vLLM did before PR #51865",
-    )
-    p.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=0,
-        metavar="K",
-        help="speculative decoding: K drafts per step from an "
-        "EAGLE-style drafter, verified greedily; reports acceptance_rate and reference_acceptance_rate "
-        "(the same drafter run eagerly)",
-    )
-    p.add_argument(
-        "--draft-layers",
-        type=name_list(LAYER_KINDS),
-        help="the drafter's decoder layers after its fusion conv (default: attn)",
-    )
-    p.add_argument(
-        "--frozen-step-index",
-        action="store_true",
-        help="the draft step index as a Python int frozen at capture (an analogue of vLLM PR #48892, a "
-        "PIECEWISE matter there)",
-    )
+    p.add_argument("--draft-layers", type=name_list(LAYER_KINDS), help="the drafter's layers (default: attn)")
+    switch("--frozen-step-index", help="the draft step index as a Python int, frozen at capture (vLLM #48892)")
     p.add_argument("--seed", type=int, default=0, help="weights and prompts")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 if replay diverged from eager, the acceptance rate fell below the reference's, or an "
-        "error occurred",
-    )
-    p.set_defaults(func=_run_repro, validate=_check_repro_switches)
+    switch("--json", help="print one JSON object")
+    switch("--check", help="exit 1 if it diverged, lost acceptance or failed")
+    p.set_defaults(func=_run_repro, validate=_check_repro)
 
 
 def _run_repro(args: argparse.Namespace) -> int:
     from cglab.repro import run_repro
     from cglab.repro_report import LEGACY_NOTE, legacy_switch_idle, no_graph_replayed, print_repro
-    from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, run_spec_repro
+    from cglab.spec_decode import DEFAULT_DRAFT_LAYERS, draft_layer_pairs, run_spec_repro
 
-    common = {
-        "legacy_skip_attn": args.legacy_skip_attn,
-        "piecewise_flavor": args.piecewise_flavor or "compiled",
-        "splitting_ops": args.splitting_ops,
-        "layers": args.layers,
-        "strict_layers": args.strict_layers,
-        "python_guards": args.python_guards,
-        "pre_49751_dummy_split": args.pre_49751_dummy_split,
-        "capture_sizes": args.capture_sizes,
-        "batch_sizes": args.batch_sizes,
-        "max_num_reqs": args.max_num_reqs,
-        "steps": args.steps,
-        "uniform_decode_by_shape": args.uniform_decode_by_shape,
-        "seed": args.seed,
-        "device": args.device,
-    }
+    run = {"batch_sizes": args.batch_sizes, "steps": args.steps, "max_num_reqs": args.max_num_reqs}
     with _steps_bar(args.steps) as progress:
-        if args.num_speculative_tokens == 0:
-            result = run_repro(args.mode, prefill_chunk=args.prefill_chunk, progress=progress, **common)
+        run |= {"device": args.device, "progress": progress}
+        if args.speculative_config is None:
+            result = run_repro(args.compilation_config, args.config, prefill_chunk=args.prefill_chunk, **run)
         else:
+            pairs = tuple(draft_layer_pairs(args.draft_layers or DEFAULT_DRAFT_LAYERS))
+            spec = dataclasses.replace(args.speculative_config, draft_layers=pairs)
             result = run_spec_repro(
-                args.mode,
-                num_speculative_tokens=args.num_speculative_tokens,
-                draft_layers=args.draft_layers or DEFAULT_DRAFT_LAYERS,
-                frozen_step_index=args.frozen_step_index,
-                progress=progress,
-                **common,
+                args.compilation_config, spec, args.config, frozen_step_index=args.frozen_step_index, **run
             )
     if legacy_switch_idle(result):
         _warn(LEGACY_NOTE)
     # An all-eager run in a graph mode compared eager with eager: with --check, that is no pass.
-    no_graphs = no_graph_replayed(result)
-    failed = result.diverged or result.lost_acceptance or result.error or no_graphs
-    status = 1 if args.check and failed else 0
+    failed = result.diverged or result.lost_acceptance or result.error or no_graph_replayed(result)
     if args.json:
         print(dumps(result.to_json()))
     else:
         print_repro(result, python_guards=args.python_guards, frozen_step_index=args.frozen_step_index)
-    return status
+    return 1 if args.check and failed else 0
 
 
 BAR_DELAY_S = 2.0  # a run shorter than this shows no bar
@@ -260,8 +109,7 @@ BAR_DELAY_S = 2.0  # a run shorter than this shows no bar
 
 @contextmanager
 def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
-    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``: a long run (thousands
-    of steps, hundreds of requests) says how far it got. Elsewhere (a log, a pipe) nothing, as in bench."""
+    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``; in a log or a pipe, none."""
     if not sys.stderr.isatty():
         yield None
         return
@@ -272,31 +120,41 @@ def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
 
 
 # Switches that change only how graphs are captured or replayed; --mode none captures none.
-_GRAPH_SWITCHES = {
-    "legacy_skip_attn": "--legacy-skip-attn",
-    "piecewise_flavor": "--piecewise-flavor",
-    "splitting_ops": "--splitting-ops",
-    "capture_sizes": "--capture-sizes",
-    "strict_layers": "--strict-layers",
-    "python_guards": "--python-guards",
-    "pre_49751_dummy_split": "--pre-49751-dummy-split",
-    "uniform_decode_by_shape": "--uniform-decode-by-shape",
-    "frozen_step_index": "--frozen-step-index",
-}
+_GRAPH_SWITCHES = (
+    "legacy_skip_attn piecewise_flavor splitting_ops capture_sizes strict_layers python_guards pre_49751_dummy_split "
+    "uniform_decode_by_shape frozen_step_index"
+).split()
 
 
-def _check_repro_switches(args: argparse.Namespace) -> None:
-    """Before any work: refuse switches that contradict each other; for switches that would change nothing
-    in the chosen mode, one warning line on stderr each (``_idle_switches``), and the run goes on."""
-    for flags, why in _idle_switches(args):
-        _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
-    if args.piecewise_flavor == "breakable":
-        args.splitting_ops = None  # the engine refuses splitting ops for a split it does not make
-    if args.num_speculative_tokens and args.prefill_chunk:
+def _check_repro(args: argparse.Namespace) -> None:
+    """Before torch: warn once about each switch that changes nothing in the chosen mode (the run goes on),
+    refuse contradictions, and build the configs, which check the rest."""
+    _warn_idle_switches(args)
+    k = args.num_speculative_tokens
+    if k and args.prefill_chunk:
         raise ConfigError(
             "--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
             "follow an eager prefill; drop one of the two"
         )
+    if (args.max_num_reqs or max(args.batch_sizes)) < max(args.batch_sizes):
+        raise ConfigError(
+            f"--max-num-reqs {args.max_num_reqs} is below the largest batch size ({max(args.batch_sizes)}): a "
+            "step must fit the engine; raise it or use smaller batch sizes"
+        )
+    breakable = args.piecewise_flavor == "breakable"
+    args.compilation_config = CompilationConfig(
+        args.mode,
+        args.capture_sizes or tuple(s * (k + 1) for s in DEFAULT_CAPTURE_SIZES),
+        use_breakable_cg=breakable,
+        splitting_ops=None if breakable else args.splitting_ops,  # breakable graphs split at no op
+        legacy_skip_attn=args.legacy_skip_attn,
+        uniform_decode_by_shape=args.uniform_decode_by_shape,
+        pre_49751_dummy_split=args.pre_49751_dummy_split,
+    )
+    args.config = ToyConfig(
+        layers=args.layers, strict_layers=args.strict_layers, python_guards=args.python_guards, seed=args.seed
+    )
+    args.speculative_config = SpeculativeConfig(k) if k else None
 
 
 def _warn(text: str) -> None:
@@ -305,56 +163,34 @@ def _warn(text: str) -> None:
     print(f"{PROG} repro: warning: {text}", file=sys.stderr, flush=True)
 
 
-def _idle_switches(args: argparse.Namespace) -> list[tuple[list[str], str]]:
-    """The switches given that change nothing here, grouped by the reason (each switch named once)."""
-
-    def given(*names: str) -> list[str]:
-        return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
-
-    k = args.num_speculative_tokens
-    groups = [
+def _warn_idle_switches(args: argparse.Namespace) -> None:
+    """One warning line per reason, naming the switches given that change nothing here (each switch once)."""
+    k, named = args.num_speculative_tokens, set()
+    for names, idle, why in (
+        (("draft_layers", "frozen_step_index"), k == 0, "without --num-speculative-tokens K: there is no drafter"),
         (
-            given("draft_layers", "frozen_step_index") if k == 0 else [],
-            "without --num-speculative-tokens K: there is no drafter",
-        ),
-        (
-            [f for n, f in _GRAPH_SWITCHES.items() if getattr(args, n) not in (None, False)]
-            if args.mode == "none"
-            else [],
+            _GRAPH_SWITCHES,
+            args.mode == "none",
             "under --mode none: it captures no graph (the run compares eager with eager)",
         ),
         (
-            given("splitting_ops", "python_guards") if args.piecewise_flavor == "breakable" else [],
+            ("splitting_ops", "python_guards"),
+            args.piecewise_flavor == "breakable",
             "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention",
         ),
-        (given("frozen_step_index") if k == 1 else [], "with one speculative token: no draft decode step"),
-    ]
-    named: set[str] = set()
-    idle = []
-    for flags, why in groups:
+        (("frozen_step_index",), k == 1, "with one speculative token: no draft decode step"),
+    ):
+        flags = [f"--{n.replace('_', '-')}" for n in names if idle and getattr(args, n) not in (None, False)]
         flags = [f for f in flags if f not in named]
         named.update(flags)
         if flags:
-            idle.append((flags, why))
-    return idle
-
-
-def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
-    """An argparse type for ``"a,b"`` -> ``["a", "b"]``, each name one of ``valid``."""
-
-    def parse(text: str) -> list[str]:
-        names = [name.lower() for name in _items(text)]
-        if not names or any(n not in valid for n in names):
-            raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(valid)}; got {text!r}")
-        return names
-
-    return parse
+            _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
-        **_help_text(
+        **help_text(
             "cglab: CUDA graph capture, the toy engine. A command's --help shows options, defaults and examples.",
             [
                 REPRO_EXAMPLES[0],
@@ -363,43 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
             ],
         ),
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_repro(sub)
-    from cglab.bench.cli import add_bench, add_startup  # here: that module takes its helpers from this one
-
     add_bench(sub)
     add_startup(sub)
     return parser
-
-
-def _import_torch(device: str) -> None:
-    """Import torch, the seconds of start-up that come after the checks; then hand Ctrl-C to ``main``.
-    Before that, ``_interrupt`` ends the process at a Ctrl-C: an interrupted torch import can fail oddly."""
-    import torch
-
-    if device == "cpu":
-        torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
-    _interrupt.keyboard_interrupt_from_here()
-
-
-def print_saved(text: str) -> None:
-    """Print the report of a result already saved in files: if the reader of stdout went away (``| true``,
-    ``| head``), only this report is lost, so that is no error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        _stdout_to_devnull()
-
-
-def _stdout_to_devnull() -> None:
-    """Point a closed stdout at the null device: Python's flush at exit must not fail a second time."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """The host's or the device's memory ran out (torch's error only if torch got imported)."""
-    torch = sys.modules.get("torch")
-    return isinstance(exc, MemoryError) or (torch is not None and isinstance(exc, torch.OutOfMemoryError))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -412,7 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = f"{parser.prog} {args.command}"
         if getattr(args, "validate", None) is not None:
             args.validate(args)
-        _import_torch(args.device)
+        import torch  # the seconds of start-up that come after the checks
+
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
+        # Until here a Ctrl-C ends the process at once (an interrupted torch import can fail oddly).
+        _interrupt.keyboard_interrupt_from_here()
         status = args.func(args)
         sys.stdout.flush()  # a stdout closed early fails here, where the clause below tells it from a disk
         return status
@@ -420,19 +229,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # before OSError: the reader of stdout went away, the disk is fine
-        _stdout_to_devnull()
+        stdout_to_devnull()
         status, message = 1, "stdout was closed (its reader went away) before the result was printed in full"
     except OSError as exc:  # before the CglabError clause: a NotSavedError is both
         status = 1
         message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
         message = str(exc)
-    except (MemoryError, RuntimeError) as exc:
-        if not _out_of_memory(exc):
+    except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        if not isinstance(exc, (MemoryError, getattr(sys.modules.get("torch"), "OutOfMemoryError", MemoryError))):
             raise
         message = "out of memory; use fewer or smaller batch sizes, capture sizes or steps"
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
     return status
 
 
-__all__ = ["PROG", "add_command", "build_parser", "int_list", "main", "name_list", "print_saved"]
+__all__ = ["PROG", "build_parser", "main"]

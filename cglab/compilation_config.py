@@ -21,10 +21,11 @@ from cglab.config import (
 )
 from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
-from cglab.metadata import AttentionGroup, min_cudagraph_support
 
 if TYPE_CHECKING:
     import torch
+
+    from cglab.metadata import AttentionGroup
 
 COMPILE_BACKENDS = ("auto", "eager", "inductor")
 GRAPH_BACKENDS = ("auto", "sim", "cuda")
@@ -117,6 +118,8 @@ class CompilationConfig:
                     f"splitting op(s) {', '.join(map(repr, absent))} are not in this model (layers "
                     f"{','.join(config.layers)}: {', '.join(layer_ops)}); add the layer or drop the op"
                 )
+        from cglab.metadata import min_cudagraph_support  # here: the command line checks configs before torch
+
         support, builder_name = min_cudagraph_support(attn_groups)
         mode, note = resolve_cudagraph_mode(
             self.cudagraph_mode,

@@ -5,37 +5,19 @@ This is what ``python -m cglab repro`` runs, what notebook 04 plots and what the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from cglab.compare import NON_FINITE, HasState, exceeds, json_safe, state_differences, worst
-from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig
-from cglab.config import (
-    CUDAGraphMode,
-    ToyConfig,
-    check_int,
-    check_num_speculative_tokens,
-    check_seed,
-    check_sizes,
-    dummy_longest_request,
-    parse_layer_pattern,
-    parse_piecewise_flavor,
-)
-from cglab.errors import CaptureError, CglabError, ConfigError
+from cglab.compilation_config import CompilationConfig
+from cglab.config import ToyConfig
+from cglab.errors import CaptureError, CglabError
 from cglab.runner import ModelRunner
-
-MAX_STEPS = 10_000
-MAX_POOL = 256
-MAX_SLOTS = 2**20  # cache rows per layer: about 128 MiB each at hidden size 32, float32
-MAX_CAPTURE_SIZE = 1024  # vLLM's default ladder stops at 512; more only makes a CPU capture crawl
-# Fields repro_config sizes itself from the scenario; every other ToyConfig field may be overridden.
-_DERIVED_FIELDS = frozenset(
-    {"layers", "max_num_reqs", "max_model_len", "num_blocks", "seed", "strict_layers", "max_num_batched_tokens"}
-)
 
 
 @dataclass
@@ -140,120 +122,35 @@ def tolerance(dtype: str) -> float:
     return 1e-4 if dtype == "float32" else 5e-2
 
 
-def repro_capture_sizes(capture_sizes: Sequence[int] | None, num_speculative_tokens: int = 0) -> tuple[int, ...]:
-    """The capture sizes of a repro, as given. None: 1, 2, 4, 8, times ``K + 1`` (a verification step's
-    tokens per request), the toy's choice, so that the FULL uniform-decode graphs, rounded up to multiples
-    of ``K + 1`` by the dispatcher as in vLLM's model runner v2, serve the same batches as without drafts."""
-    multiple = check_num_speculative_tokens(num_speculative_tokens) + 1
-    if capture_sizes is None:
-        capture_sizes = tuple(multiple * s for s in DEFAULT_CAPTURE_SIZES)
-    check_sizes(
-        "capture size",
-        capture_sizes,
-        MAX_CAPTURE_SIZE,
-        note=" (batches above every capture size run eagerly anyway: drop it)",
-    )
-    return tuple(capture_sizes)
-
-
-def repro_config(
-    layers: str | Sequence[str],
-    capture_sizes: Sequence[int] | None,
-    batch_sizes: Sequence[int],
-    steps: int,
-    seed: int = 0,
-    strict_layers: bool = False,
-    num_speculative_tokens: int = 0,
-    max_num_reqs: int | None = None,
-    pre_49751_dummy_split: bool = False,
-    **overrides: Any,
-) -> ToyConfig:
-    """A config sized for the scenario: the pool holds the largest batch, the caches every prompt and step.
-
-    ``max_num_reqs`` (None: the largest batch size) shapes the capture batches: a capture size above it
-    makes a prefill-shaped dummy batch; ``pre_49751_dummy_split`` lets its requests exceed ``max_model_len``
-    (capture then fails, as in vLLM). ``capture_sizes``: see ``repro_capture_sizes``."""
-    k = check_num_speculative_tokens(num_speculative_tokens)
-    check_sizes("batch size", batch_sizes)
-    capture_sizes = repro_capture_sizes(capture_sizes, k)
-    check_seed(seed)
-    _check_overrides(overrides)
-    check_int("steps", steps, 1, MAX_STEPS)
-    pool = max(batch_sizes)
-    if pool > MAX_POOL:
-        raise ConfigError(
-            f"batch size {pool} is above {MAX_POOL}, the largest request pool the toy supports; use smaller batch sizes"
-        )
-    max_num_reqs = _check_max_num_reqs(max_num_reqs, pool)
-    block_size = check_int("block_size", overrides.pop("block_size", 4))
-    # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
-    max_model_len = _round_up(_MAX_PROMPT + steps * (k + 1) + k, block_size)
-    if pool * max_model_len > MAX_SLOTS:
-        raise ConfigError(
-            f"{pool} requests of up to {max_model_len} tokens need {pool * max_model_len} cache slots "
-            f"per layer, above the toy's {MAX_SLOTS}; use fewer steps"
-            f"{', fewer speculative tokens' if k else ''} or a smaller largest batch size"
-        )
-    if not pre_49751_dummy_split:
-        _check_capture_fits(capture_sizes, max_num_reqs, max_model_len, given=max_num_reqs != pool)
-    # The token budget holds the largest decode batch plus one prompt's worth of chunk, and every
-    # capture size (vLLM never captures above its budget).
-    budget = max(128, pool + _MAX_PROMPT, pool * (k + 1), *capture_sizes)
-    return ToyConfig(
-        layers=parse_layer_pattern(layers),
-        max_num_reqs=max_num_reqs,
-        max_model_len=max_model_len,
-        block_size=block_size,
-        num_blocks=pool * (max_model_len // block_size),
-        seed=seed,
-        strict_layers=strict_layers,
-        max_num_batched_tokens=budget,
-        **overrides,
-    )
-
-
 _MIN_PROMPT, _MAX_PROMPT = 5, 14
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def _check_max_num_reqs(max_num_reqs: object, pool: int) -> int:
-    if max_num_reqs is None:
-        return pool
-    if isinstance(max_num_reqs, bool) or not isinstance(max_num_reqs, int) or not pool <= max_num_reqs <= MAX_POOL:
-        raise ConfigError(
-            f"max_num_reqs must be an integer from the largest batch size ({pool}) to {MAX_POOL}, "
-            f"got {max_num_reqs!r}: a step of {pool} requests must fit the engine; raise it or use "
-            "smaller batch sizes"
-        )
-    return max_num_reqs
-
-
-def _check_capture_fits(capture_sizes: Sequence[int], max_num_reqs: int, max_model_len: int, given: bool) -> None:
-    """Refuse a capture batch that overflows a request, naming repro's knobs (ToyConfig names its own)."""
-    bad = [s for s in capture_sizes if dummy_longest_request(s, max_num_reqs) > max_model_len]
-    if bad:
-        s = min(bad)
-        first_bad = next(n for n in range(1, s + 1) if dummy_longest_request(n, max_num_reqs) > max_model_len)
-        limit = "max_num_reqs" if given else "the largest batch size"
-        raise ConfigError(
-            f"capture size {s} does not fit this scenario: its capture batch puts "
-            f"{dummy_longest_request(s, max_num_reqs)} tokens in one of {max_num_reqs} requests ({limit}), above the "
-            f"{max_model_len} tokens a request may hold (the longest prompt plus the steps); drop capture sizes above "
-            f"{first_bad - 1}, or raise {limit} or the steps"
-        )
-
-
-def _check_overrides(overrides: dict[str, Any]) -> None:
-    allowed = sorted(f.name for f in fields(ToyConfig) if f.init and f.name not in _DERIVED_FIELDS)
-    unknown = sorted(set(overrides) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"unknown or derived config override(s) {', '.join(unknown)}; "
-            f"run_repro accepts: {', '.join(allowed)} (it sizes the rest from the scenario)"
-        )
+def repro_config(
+    config: ToyConfig,
+    compilation_config: CompilationConfig,
+    batch_sizes: Sequence[int],
+    steps: int,
+    *,
+    prefill_chunk: int = 0,
+    num_speculative_tokens: int = 0,
+    max_num_reqs: int | None = None,
+) -> ToyConfig:
+    """``config`` sized for the scenario: the pool holds the largest batch (or ``max_num_reqs``: a capture
+    size above it makes a prefill-shaped capture batch), the caches every prompt and step, a step its chunk."""
+    k, pool = num_speculative_tokens, max(batch_sizes)
+    # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
+    max_model_len = -(-(_MAX_PROMPT + steps * (k + 1) + k) // config.block_size) * config.block_size
+    # A step holds the decode tokens plus a prompt chunk (no more than every prompt), and every capture
+    # size fits it (vLLM never captures above its token budget).
+    chunk = min(max(prefill_chunk, _MAX_PROMPT), pool * _MAX_PROMPT)
+    budget = max(128, pool + chunk, pool * (k + 1), *compilation_config.cudagraph_capture_sizes)
+    return dataclasses.replace(
+        config,
+        max_num_reqs=max_num_reqs or pool,
+        max_model_len=max_model_len,
+        num_blocks=pool * (max_model_len // config.block_size),
+        max_num_batched_tokens=budget,
+    )
 
 
 def make_workload(
@@ -299,29 +196,6 @@ def schedule(
         yield scheduled, False
 
 
-def repro_compilation_config(
-    mode: str | CUDAGraphMode,
-    legacy_skip_attn: bool,
-    piecewise_flavor: str,
-    splitting_ops: Sequence[str] | None,
-    uniform_decode_by_shape: bool,
-    capture_sizes: Sequence[int] | None,
-    num_speculative_tokens: int = 0,
-    pre_49751_dummy_split: bool = False,
-) -> CompilationConfig:
-    """The graph runner's ``CompilationConfig`` from the switches ``run_repro`` and ``run_spec_repro`` take."""
-    flavor = parse_piecewise_flavor(piecewise_flavor)
-    return CompilationConfig(
-        CUDAGraphMode.parse(mode),
-        repro_capture_sizes(capture_sizes, num_speculative_tokens),
-        use_breakable_cg=flavor == "breakable",
-        splitting_ops=splitting_ops,
-        legacy_skip_attn=legacy_skip_attn,
-        uniform_decode_by_shape=uniform_decode_by_shape,
-        pre_49751_dummy_split=pre_49751_dummy_split,
-    )
-
-
 def new_result(
     cc: CompilationConfig, config: ToyConfig, steps: int, prefill_chunk: int = 0, num_speculative_tokens: int = 0
 ) -> ReproResult:
@@ -345,62 +219,31 @@ def new_result(
 
 
 def run_repro(
-    mode: str | CUDAGraphMode = "piecewise",
+    compilation_config: CompilationConfig | str = "piecewise",
+    config: ToyConfig | None = None,
     *,
-    legacy_skip_attn: bool = False,
-    piecewise_flavor: str = "compiled",
-    splitting_ops: Sequence[str] | None = None,
-    layers: str | Sequence[str] = "sconv,attn,compressor,attn",
-    strict_layers: bool = False,
-    capture_sizes: Sequence[int] | None = None,
     batch_sizes: Sequence[int] = (3, 1, 8),
     steps: int = 16,
     prefill_chunk: int = 0,
-    uniform_decode_by_shape: bool = False,
-    seed: int = 0,
-    device: str = "cpu",
     max_num_reqs: int | None = None,
-    pre_49751_dummy_split: bool = False,
+    device: str = "cpu",
     progress: Callable[[], object] | None = None,
-    **config_overrides: Any,
 ) -> ReproResult:
-    """Run ``schedule``'s steps on a graph runner and an eager reference; compare every step's logits
-    (then call ``progress()``) and, at the end, every cache. ``config_overrides`` go to ``ToyConfig``;
-    ``result.cudagraph_mode`` is the policy after lowering for the builders. Switches that change
-    nothing in ``mode`` are accepted, so tables can set every case alike (the CLI warns about them)."""
-    cc = repro_compilation_config(
-        mode,
-        legacy_skip_attn,
-        piecewise_flavor,
-        splitting_ops,
-        uniform_decode_by_shape,
-        capture_sizes,
-        pre_49751_dummy_split=pre_49751_dummy_split,
-    )
+    """Run ``schedule``'s steps on a graph runner built with ``compilation_config`` (a mode name: only that
+    mode) and on an eager reference; compare every step's logits (then call ``progress()``) and, at the end,
+    every cache. ``config``: the model (None: the default), sized for the run by ``repro_config``."""
+    cc = CompilationConfig.of(compilation_config)
     config = repro_config(
-        layers,
-        capture_sizes,
-        batch_sizes,
-        steps,
-        seed,
-        strict_layers,
-        max_num_reqs=max_num_reqs,
-        pre_49751_dummy_split=pre_49751_dummy_split,
-        **config_overrides,
+        config or ToyConfig(), cc, batch_sizes, steps, prefill_chunk=prefill_chunk, max_num_reqs=max_num_reqs
     )
-    _check_prefill_chunk(prefill_chunk, config, batch_sizes)
     result = new_result(cc, config, steps, prefill_chunk)
-    # The graph runner first: it checks the device before it builds anything.
+    # The graph runner first: it checks the device and the capture sizes before it builds anything.
     try:
         runner = ModelRunner(config, cc, device=device)
     except CaptureError as exc:  # a strict layer or a builder refusing to capture is a finding, not a crash
         return failed_capture(result, exc, ModelRunner(config, "none", device=device), cc)
-    resolved = runner.compilation_config
-    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
+    describe_runner(result, runner)
     reference = ModelRunner(config, "none", device=device)
-    result.backend = runner.backend_name
-    if runner.cudagraph_manager is not None:
-        result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
     prompts, decode = make_workload(config, steps, num_requests=max(batch_sizes))
     try:
         for i, prompt in enumerate(prompts):
@@ -425,6 +268,15 @@ def run_repro(
     return result
 
 
+def describe_runner(result: ReproResult, runner: ModelRunner) -> None:
+    """How the graph runner was set up: the policy it resolved (and why), its graph backend, its graphs."""
+    resolved = runner.compilation_config
+    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
+    result.backend = runner.backend_name
+    if runner.cudagraph_manager is not None:
+        result.captured_sizes = {m.value: s for m, s in runner.cudagraph_manager.captured_sizes.items()}
+
+
 def failed_capture(
     result: ReproResult, error: CaptureError, eager: ModelRunner, cc: CompilationConfig, decode_query_len: int = 1
 ) -> ReproResult:
@@ -432,8 +284,7 @@ def failed_capture(
     the builders of ``eager`` (a runner of the same config) as the failed runner resolved ``cc``."""
     result.error = f"{type(error).__name__}: {error}"
     resolved = cc.resolve(eager.config, eager.device, eager.attn_groups, decode_query_len)
-    if CUDAGraphMode.parse(result.mode) is not CUDAGraphMode.NONE:
-        result.backend = resolved.graph_backend
+    result.backend = resolved.graph_backend
     result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     return result
 
@@ -481,13 +332,3 @@ def divergence_verdict(
 def _and(items: Sequence[str]) -> str:
     """``["a", "b", "c"]`` -> ``"a, b and c"``."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
-
-
-def _check_prefill_chunk(prefill_chunk: object, config: ToyConfig, batch_sizes: Sequence[int]) -> None:
-    check_int(
-        "prefill_chunk (0: prefill eagerly first)",
-        prefill_chunk,
-        0,
-        config.max_num_batched_tokens - max(batch_sizes),
-        " (what a step holds beside its decode tokens)",
-    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cglab.config import CUDAGraphMode
 from cglab.repro import ReproResult, divergence_verdict
-from cglab.spec_decode.repro import spec_divergence_verdict, summarize_spec
+from cglab.spec_decode.repro import cache_groups, summarize_spec
 
 LEGACY_NOTE = (
     "--legacy-skip-attn changes nothing here: this policy captures no PIECEWISE graph, and FULL graphs got "
@@ -35,7 +35,7 @@ def repro_header(result: ReproResult, *, python_guards: bool = False, frozen_ste
 def repro_verdict(result: ReproResult) -> str:
     """``"matches eager"``, ``"NO GRAPH REPLAYED ..."`` or what DIVERGED from eager and what matches."""
     if result.diverged:
-        return spec_divergence_verdict(result) if result.num_speculative_tokens else divergence_verdict(result)
+        return divergence_verdict(result, cache_groups(result) if result.num_speculative_tokens else None)
     return "NO GRAPH REPLAYED (every step ran eagerly)" if no_graph_replayed(result) else "matches eager"
 
 

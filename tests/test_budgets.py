@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cglab"
 MAX_MODULE_LINES = 400
 # The helpers a command needs beside the engine: the CLI, the package's entry points, and the trace cache
 # that only tests and notebooks install.
-FRONT = {"cli.py", "__main__.py", "__init__.py", "_interrupt.py", "_lazy.py", "compilation/caching.py"}
+FRONT = {"cli.py", "_arguments.py", "__main__.py", "__init__.py", "_interrupt.py", "_lazy.py", "compilation/caching.py"}
 REPRO = {"repro.py", "repro_report.py"}
 # part: (budget, does this module, relative to cglab/, belong to it)
 PARTS = {

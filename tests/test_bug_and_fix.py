@@ -26,7 +26,11 @@ FLAVORS = ["compiled", "breakable"]
 def test_fixed_path_replay_equals_eager(device, mode, layers, flavor, replays):
     steps = 14
     result = run_repro(
-        mode, piecewise_flavor=flavor, layers=layers, batch_sizes=MIXED_BATCHES, steps=steps, device=device
+        CompilationConfig(mode, use_breakable_cg=flavor == "breakable"),
+        ToyConfig(layers=layers),
+        batch_sizes=MIXED_BATCHES,
+        steps=steps,
+        device=device,
     )
     assert result.error is None
     assert result.max_abs_diff < result.tolerance, result.step_diffs
@@ -38,7 +42,7 @@ def test_fixed_path_replay_equals_eager(device, mode, layers, flavor, replays):
 
 @pytest.mark.parametrize("layers", ["sconv,attn,compressor,attn", "sconv", "compressor"])
 def test_legacy_compiled_piecewise_diverges_silently(device, layers, replays):
-    result = run_repro("piecewise", legacy_skip_attn=True, layers=layers, device=device)
+    result = run_repro(CompilationConfig("piecewise", legacy_skip_attn=True), ToyConfig(layers=layers), device=device)
     assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
     assert result.piecewise_flavor == "compiled"  # vLLM's default, and where the bug lived
     assert result.error is None  # no error anywhere: that is the bug
@@ -51,11 +55,8 @@ def test_legacy_compiled_piecewise_diverges_silently(device, layers, replays):
 def test_legacy_breakable_piecewise_was_already_safe(device, layers, replays):
     """Before the fix, breakable capture got capture metadata (the assert tied the two together)."""
     result = run_repro(
-        "piecewise",
-        piecewise_flavor="breakable",
-        legacy_skip_attn=True,
-        layers=layers,
-        strict_layers=True,
+        CompilationConfig("piecewise", use_breakable_cg=True, legacy_skip_attn=True),
+        ToyConfig(layers=layers, strict_layers=True),
         device=device,
     )
     assert result.error is None and not result.diverged
@@ -86,25 +87,29 @@ def test_legacy_graph_never_writes_guarded_state(device):
 
 
 def test_legacy_compiled_piecewise_with_strict_layers_fails_loudly(device):
-    result = run_repro("piecewise", legacy_skip_attn=True, strict_layers=True, device=device)
+    result = run_repro(
+        CompilationConfig("piecewise", legacy_skip_attn=True), ToyConfig(strict_layers=True), device=device
+    )
     assert result.error is not None and result.error.startswith("MissingMetadataError")
     assert "prepare_inputs_to_capture" in result.error
 
 
 def test_strict_layers_capture_fine_with_the_fix(device, replays):
-    result = run_repro("piecewise", strict_layers=True, device=device)
+    result = run_repro("piecewise", ToyConfig(strict_layers=True), device=device)
     assert result.error is None and not result.diverged
     assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
 
 
 def test_legacy_path_is_harmless_for_attention_only(device, replays):
-    result = run_repro("piecewise", legacy_skip_attn=True, layers="attn,attn", device=device)
+    result = run_repro(
+        CompilationConfig("piecewise", legacy_skip_attn=True), ToyConfig(layers="attn,attn"), device=device
+    )
     assert result.error is None and not result.diverged
     assert result.steps_by_mode == {"piecewise": result.steps} and replays == {"piecewise": result.steps}
 
 
 def test_legacy_switch_leaves_full_untouched(device, replays):
-    result = run_repro("full", legacy_skip_attn=True, device=device)
+    result = run_repro(CompilationConfig("full", legacy_skip_attn=True), device=device)
     assert result.error is None and not result.diverged
     assert result.steps_by_mode == {"full": result.steps} and replays == {"full": result.steps}
 

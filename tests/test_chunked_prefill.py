@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
+from cglab import ModelRunner, ToyConfig, run_repro
 from cglab.compilation_config import CompilationConfig
-from cglab.repro import schedule
+from cglab.repro import repro_config, schedule
 
 
 def test_schedule_mixes_prompt_chunks_with_decodes():
@@ -24,32 +24,32 @@ def test_schedule_mixes_prompt_chunks_with_decodes():
     assert eager_first == [({"req0": [1, 2, 3]}, True), ({"req0": [9]}, False), ({"req0": [8]}, False)]
 
 
-def test_the_prefill_chunk_leaves_room_for_every_decode_token():
-    """The chunk is a prompt-token budget beside one decode token per running request: with 128 tokens a
-    step and up to 8 requests decoding, a chunk of 120 fits and 121 does not."""
-    with pytest.raises(ConfigError, match=r"prefill_chunk .* to 120 \(what a step holds beside its decode tokens\)"):
-        run_repro("piecewise", batch_sizes=(3, 1, 8), prefill_chunk=121)
-    with pytest.raises(ConfigError, match=r"to 127 "):
-        run_repro("piecewise", batch_sizes=(1,), prefill_chunk=128)
+def test_the_token_budget_holds_the_decode_tokens_and_any_prefill_chunk():
+    """A step holds one decode token per running request beside the chunk, which never takes more than every
+    prompt (14 tokens at most each): a chunk of 1000 for 16 requests needs 16 + 16 * 14 tokens a step."""
+    config = repro_config(ToyConfig(), CompilationConfig(), [16], steps=3, prefill_chunk=1000)
+    assert config.max_num_batched_tokens == 16 + 16 * 14
+    result = run_repro("none", batch_sizes=(16,), prefill_chunk=1000, steps=3)
+    assert result.error is None and result.steps_by_mode == {"none": 3}
 
 
 def test_full_and_piecewise_hides_the_bug_on_decode_only_traffic(device, replays):
-    result = run_repro("full_and_piecewise", legacy_skip_attn=True, steps=12, device=device)
+    result = run_repro(CompilationConfig("full_and_piecewise", legacy_skip_attn=True), steps=12, device=device)
     assert result.steps_by_mode == {"full": 12} and replays == {"full": 12}  # every decode step replayed FULL
     assert result.error is None and not result.diverged
 
 
 def test_full_and_piecewise_shows_the_bug_once_mixed_batches_replay_piecewise(device, replays):
-    result = run_repro("full_and_piecewise", legacy_skip_attn=True, prefill_chunk=4, steps=20, device=device)
+    result = run_repro(
+        CompilationConfig("full_and_piecewise", legacy_skip_attn=True), prefill_chunk=4, steps=20, device=device
+    )
     assert result.steps_by_mode.get("piecewise", 0) >= 10  # the prompt chunks mixed with decodes
     assert replays == {m: n for m, n in result.steps_by_mode.items() if m != "none"}  # really replayed
     assert result.error is None and result.diverged  # still silent
     breakable = run_repro(
-        "full_and_piecewise",
-        legacy_skip_attn=True,
+        CompilationConfig("full_and_piecewise", legacy_skip_attn=True, use_breakable_cg=True),
         prefill_chunk=4,
         steps=20,
-        piecewise_flavor="breakable",
         device=device,
     )
     assert breakable.steps_by_mode == result.steps_by_mode and not breakable.diverged
@@ -58,7 +58,9 @@ def test_full_and_piecewise_shows_the_bug_once_mixed_batches_replay_piecewise(de
 @pytest.mark.parametrize("mode", ["full", "full_and_piecewise", "full_decode_only", "piecewise"])
 @pytest.mark.parametrize("flavor", ["compiled", "breakable"])
 def test_fixed_path_matches_eager_with_chunked_prefill(device, mode, flavor, replays):
-    result = run_repro(mode, piecewise_flavor=flavor, prefill_chunk=8, steps=24, device=device)
+    result = run_repro(
+        CompilationConfig(mode, use_breakable_cg=flavor == "breakable"), prefill_chunk=8, steps=24, device=device
+    )
     assert result.error is None and not result.diverged, (result.step_diffs, result.state_diffs)
     assert sum(result.steps_by_mode.values()) == 24
     graph_steps = sum(n for m, n in result.steps_by_mode.items() if m != "none")

@@ -14,7 +14,7 @@ from torch import nn
 import cglab.layers.sconv
 from cglab import CaptureError, CUDAGraphMode, ModelRunner, ToyConfig, set_forward_context
 from cglab.compilation import CglabBackend, CompiledModel, caching
-from cglab.compilation_config import CompilationConfig
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.graphs import get_backend
 
 CONFIG = ToyConfig(layers=("sconv", "attn", "compressor", "attn"), max_num_reqs=4)
@@ -175,15 +175,11 @@ def test_a_trace_made_without_metadata_is_not_reused_with_it() -> None:
     """Guards in plain Python decide at the trace: the drafter of a legacy run is first traced at its capture,
     without metadata, and keeps the early return. A fixed drafter built next, whose capture has metadata,
     must trace again; reusing that trace, its caches diverged from eager."""
-    from cglab.spec_decode import run_spec_repro
+    from cglab.spec_decode import draft_layer_pairs, run_spec_repro
 
-    case = {
-        "layers": "attn,attn",
-        "draft_layers": "sconv,attn",
-        "python_guards": True,
-        "steps": 3,
-        "batch_sizes": (1, 2),
-    }
-    assert run_spec_repro("piecewise", legacy_skip_attn=True, **case).state_diverged
-    fixed = run_spec_repro("piecewise", **case)
+    spec = SpeculativeConfig(2, draft_layer_pairs("sconv,attn"))
+    case = {"config": ToyConfig(layers="attn,attn", python_guards=True), "steps": 3, "batch_sizes": (1, 2)}
+    legacy = CompilationConfig("piecewise", (3, 6, 12, 24), legacy_skip_attn=True)
+    assert run_spec_repro(legacy, spec, **case).state_diverged
+    fixed = run_spec_repro(CompilationConfig("piecewise", (3, 6, 12, 24)), spec, **case)
     assert not fixed.diverged and fixed.acceptance_rate == fixed.reference_acceptance_rate

@@ -94,9 +94,13 @@ def test_full_only_policy_splits_the_graph_and_wraps_nothing(device):
 def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device, replays):
     """LFM2's short conv is a splitting op upstream: split there, the guard runs at every step."""
     ops = ["cglab::unified_attention", "cglab::short_conv"]
-    legacy = run_repro("piecewise", legacy_skip_attn=True, layers="sconv,attn", splitting_ops=ops, device=device)
+    legacy = run_repro(
+        CompilationConfig("piecewise", legacy_skip_attn=True, splitting_ops=ops),
+        ToyConfig(layers="sconv,attn"),
+        device=device,
+    )
     assert legacy.error is None and not legacy.diverged and _replayed(legacy, replays)
-    both = run_repro("piecewise", legacy_skip_attn=True, splitting_ops=ops, device=device)
+    both = run_repro(CompilationConfig("piecewise", legacy_skip_attn=True, splitting_ops=ops), device=device)
     assert _replayed(both, replays)
     assert both.state_diffs["layers.0.sconv.conv_state"] < both.tolerance  # the short conv is safe now...
     assert both.state_diffs["layers.2.compressor.state_cache"] > 0.05  # ...the compressor is not
@@ -104,28 +108,35 @@ def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device, replays):
 
 # A capture size above max_num_reqs: before vLLM #49751 its dummy batch put 1 + 63 = 64 tokens in its last
 # request, above the 32 (8 blocks) a request may hold here, as vLLM's CI did with block_table[255][8..15].
-REVERT = {"max_num_reqs": 64, "capture_sizes": (8, 127)}
+REVERT = {"max_num_reqs": 64}
 
 
 def test_the_revert_pre_49751_dummy_split_reads_past_a_block_table_row(device, replays):
     """The revert of #49364 (#49751): with metadata at capture, attention really runs on the dummy batch."""
-    broken = run_repro("piecewise", pre_49751_dummy_split=True, device=device, **REVERT)
+    broken = run_repro(CompilationConfig("piecewise", (8, 127), pre_49751_dummy_split=True), device=device, **REVERT)
     assert broken.error == (
         "CaptureError: capturing the PIECEWISE(tokens=127, reqs=any) graph failed: layers.1.attn: request 63 of "
         "this batch has 64 tokens, above max_model_len (32), so attention would read block_table[63][8..15], past "
         "the 8 blocks of its row: an illegal address on a GPU. This is the crash that got vLLM PR #49364 reverted; "
         "#49751 splits the dummy batch so that no request exceeds max_model_len (drop pre_49751_dummy_split)"
     )
-    fixed = run_repro("piecewise", device=device, **REVERT)  # #49751's split: at most 2 tokens a request
+    fixed = run_repro(
+        CompilationConfig("piecewise", (8, 127)), device=device, **REVERT
+    )  # #49751's split: at most 2 tokens a request
     assert fixed.error is None and not fixed.diverged and fixed.captured_sizes == {"piecewise": [8, 127]}
     assert _replayed(fixed, replays)
     # Before #49364 compiled PIECEWISE captured with no attention metadata: attention took its profiling
     # path at capture, so the old split never reached a kernel.
     legacy = run_repro(
-        "piecewise", pre_49751_dummy_split=True, legacy_skip_attn=True, layers="attn", device=device, **REVERT
+        CompilationConfig("piecewise", (8, 127), pre_49751_dummy_split=True, legacy_skip_attn=True),
+        ToyConfig(layers="attn"),
+        device=device,
+        **REVERT,
     )
     assert legacy.error is None and not legacy.diverged and _replayed(legacy, replays)
-    full = run_repro("full", pre_49751_dummy_split=True, device=device, **REVERT)  # capture metadata: max_model_len
+    full = run_repro(
+        CompilationConfig("full", (8, 127), pre_49751_dummy_split=True), device=device, **REVERT
+    )  # capture metadata: max_model_len
     assert full.error is None and not full.diverged and _replayed(full, replays)
 
 

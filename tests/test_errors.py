@@ -1,13 +1,10 @@
 """Every public entry point answers a mistake with one clear error that names the fix.
 
 Python API: a ``ConfigError`` (a ``ValueError``) or a ``CaptureError``, never a torch traceback.
-CLI: a non-zero exit and exactly one line on stderr.
+The command line's errors: tests/test_cli.py.
 """
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,7 +19,6 @@ from cglab import (
     MissingMetadataError,
     ModelRunner,
     ToyConfig,
-    run_repro,
 )
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 
@@ -283,112 +279,3 @@ def test_a_closed_runner_says_so_wherever_its_graphs_are_asked_for(mode: str, fl
     for call in calls:
         assert closed in _message(call, CaptureError)
     assert runner.step({"a": [1]}, eager=True).descriptor.cg_mode is CUDAGraphMode.NONE  # eager steps still run
-
-
-# -- run_repro ------------------------------------------------------------------------------------
-
-REPRO_CASES = {
-    "zero steps": (dict(steps=0), "from 1 to 10000"),
-    "absurd steps": (dict(steps=10**9), "from 1 to 10000"),
-    "float steps": (dict(steps=2.5), "from 1 to 10000"),
-    "string steps": (dict(steps="3"), "from 1 to 10000"),
-    "negative seed": (dict(seed=-1), "seed must be an integer from 0"),
-    "no capture sizes": (dict(capture_sizes=[]), "at least one capture size"),
-    "duplicate capture sizes": (dict(capture_sizes=[2, 2]), "drop the duplicates"),
-    "huge capture size": (dict(capture_sizes=[4096]), "drop it"),
-    "capture sizes as a string": (dict(capture_sizes="1,2"), "[1, 2, 4]"),
-    "huge batch": (dict(batch_sizes=[300]), "use smaller batch sizes"),
-    "capture size the scenario cannot batch": (dict(capture_sizes=[512]), "drop capture sizes above"),
-    "too many cache slots": (dict(batch_sizes=[256], steps=9000), "use fewer steps"),
-    "unknown override": (dict(hiden_size=8), "run_repro accepts: block_size"),
-    "derived override": (dict(num_blocks=8), "it sizes the rest"),
-    "max_num_reqs below the largest batch": (
-        dict(max_num_reqs=2, batch_sizes=[3]),
-        "max_num_reqs must be an integer from the largest batch size (3)",
-    ),
-    "max_num_reqs not an int": (dict(max_num_reqs=4.0), "max_num_reqs must be an integer"),
-    "bad block size": (dict(block_size=0), "block_size must be a positive integer"),
-    "unknown mode": (dict(mode="fulll"), "choose one of"),
-    "empty layers": (dict(layers=""), "the layer pattern is empty"),
-}
-
-
-@pytest.mark.parametrize("case", list(REPRO_CASES))
-def test_bad_repro_arguments(case: str) -> None:
-    kwargs, fix = REPRO_CASES[case]
-    mode = kwargs.pop("mode", "piecewise")
-    assert fix in _message(lambda: run_repro(mode, **kwargs))
-
-
-# -- CLI: one line, non-zero, no traceback ------------------------------------------------------
-
-CLI_CASES = {
-    "unknown mode": (["repro", "--mode", "fulll"], "choose from"),
-    "unknown layer kind": (["repro", "--layers", "sconv,atn"], "valid kinds: attn, sconv, compressor"),
-    "empty layer pattern": (["repro", "--layers", ","], "the layer pattern is empty"),
-    "duplicate capture sizes": (["repro", "--capture-sizes", "1,2,2"], "drop the duplicates"),
-    "zero steps": (["repro", "--steps", "0"], "from 1 to 10000"),
-    "absurd steps": (["repro", "--steps", "1000000000"], "from 1 to 10000"),
-    "negative seed": (["repro", "--seed", "-1"], "seed must be an integer from 0"),
-    "capture size the scenario cannot batch": (["repro", "--capture-sizes", "512"], "drop capture sizes above"),
-    "no subcommand": ([], "required"),
-    "empty batch size": (["repro", "--batch-sizes", "1,,2"], "argument --batch-sizes: '1,,2' has an empty item"),
-    "batch sizes ending in a comma": (["repro", "--batch-sizes", "1,2,"], "'1,2,' has an empty item"),
-    "empty capture size": (["repro", "--capture-sizes", "1,,2"], "argument --capture-sizes: '1,,2' has an empty"),
-    "empty layer kind": (["repro", "--layers", "sconv,,ATTN"], "the layer pattern 'sconv,,ATTN' has an empty item"),
-    "empty splitting op": (
-        ["repro", "--layers", "sconv,attn", "--splitting-ops", "cglab::unified_attention,,"],
-        "splitting_ops 'cglab::unified_attention,,' has an empty item",
-    ),
-    "empty bench mode": (["bench", "--out", "unused", "--modes", "none,,full"], "argument --modes: 'none,,full' has"),
-}
-if not torch.cuda.is_available():
-    CLI_CASES["cuda without a GPU"] = (["repro", "--device", "cuda"], "--device cpu) to run the CPU simulator")
-
-
-# Two cases run as real processes (an argparse error and a ConfigError), to show what a shell sees;
-# the rest call main() in this process, which prints and exits the same way without importing torch
-# again for each case.
-IN_A_PROCESS = ("unknown mode", "capture size the scenario cannot batch")
-
-
-@pytest.fixture(scope="module")
-def cli_processes() -> dict[str, subprocess.CompletedProcess[str]]:
-    """The IN_A_PROCESS cases at once, in parallel: each one pays for importing torch."""
-    procs = {
-        case: subprocess.Popen(
-            [sys.executable, "-m", "cglab", *CLI_CASES[case][0]],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for case in IN_A_PROCESS
-    }
-    results = {}
-    for case, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        results[case] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    return results
-
-
-def _run_in_this_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    from cglab.cli import main
-
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse exits on its own errors
-        code = exc.code if isinstance(exc.code, int) else 1
-    return code, capsys.readouterr().err
-
-
-@pytest.mark.parametrize("case", list(CLI_CASES))
-def test_cli_bad_arguments_one_line_no_traceback(cli_processes, capsys, case: str) -> None:  # type: ignore[no-untyped-def]
-    if case in cli_processes:
-        code, stderr = cli_processes[case].returncode, cli_processes[case].stderr
-    else:
-        code, stderr = _run_in_this_process(CLI_CASES[case][0], capsys)
-    assert code == 2
-    assert "Traceback" not in stderr
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr
-    assert CLI_CASES[case][1] in lines[0]

@@ -9,15 +9,12 @@ capture failure.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from cglab import ConfigError, ModelRunner, ToyConfig, run_repro
 from cglab.bench import BenchConfig
-from cglab.compilation_config import CompilationConfig
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import parse_layer_pattern
 from cglab.model import ToyTransformer
 from cglab.spec_decode import run_spec_repro
@@ -38,29 +35,15 @@ def test_capture_batch_that_just_fits_is_captured() -> None:
 
 
 def test_repro_capture_size_above_what_the_scenario_batches_is_refused() -> None:
-    with pytest.raises(ConfigError, match="drop capture sizes above"):
-        run_repro("piecewise", capture_sizes=[512])
+    with pytest.raises(ConfigError, match="drop that size"):
+        run_repro(CompilationConfig("piecewise", [512]))
 
 
 def test_repro_batch_sizes_above_the_default_token_budget_run() -> None:
-    result = run_repro("piecewise", capture_sizes=[1, 2], batch_sizes=[200], steps=2)
+    result = run_repro(CompilationConfig("piecewise", [1, 2]), batch_sizes=[200], steps=2)
     assert result.error is None
     assert result.steps_by_mode == {"none": 2}
     assert not result.diverged
-
-
-def test_cli_refuses_an_unusable_capture_size_in_one_line_before_any_work() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cglab", "repro", "--capture-sizes", "512"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert "drop capture sizes above" in proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -96,15 +79,6 @@ def test_bad_builders_name_the_argument(builders: object, fix: str) -> None:
 
 # -- run_repro and run_spec_repro: a wrong argument raises before any work, never becomes a finding ---
 
-WRONG_ARGUMENTS = {
-    "legacy_skip_attn": ("yes", "legacy_skip_attn must be True or False"),
-    "uniform_decode_by_shape": (1, "uniform_decode_by_shape must be True or False"),
-    "strict_layers": ("yes", "strict_layers must be True or False"),
-    "python_guards": ("no", "python_guards must be True or False"),
-    "device": ("tpu", "use 'cpu' or 'cuda'"),
-    "frozen_step_index": ("yes", "frozen_step_index must be True or False"),
-}
-
 
 @pytest.fixture
 def no_model_may_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,21 +89,20 @@ def no_model_may_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_model_may_be_built")
-@pytest.mark.parametrize(
-    ("run", "name"),
-    [(run_repro, n) for n in WRONG_ARGUMENTS if n != "frozen_step_index"]
-    + [(run_spec_repro, n) for n in WRONG_ARGUMENTS],
-    ids=lambda v: getattr(v, "__name__", v),
-)
-def test_a_wrong_argument_raises_before_any_runner_is_built(run, name: str) -> None:  # type: ignore[no-untyped-def]
-    value, message = WRONG_ARGUMENTS[name]
-    with pytest.raises(ConfigError, match=message):
-        run("piecewise", layers="attn,attn", steps=2, **{name: value})
+@pytest.mark.parametrize("spec", [None, SpeculativeConfig(2)], ids=["run_repro", "run_spec_repro"])
+def test_a_wrong_device_raises_before_any_model_is_built(spec: SpeculativeConfig | None) -> None:
+    args = ("piecewise", spec) if spec else ("piecewise",)
+    with pytest.raises(ConfigError, match="use 'cpu' or 'cuda'"):
+        (run_spec_repro if spec else run_repro)(*args, ToyConfig(layers="attn,attn"), steps=2, device="tpu")
 
 
 def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
     result = run_spec_repro(
-        "piecewise", layers="sconv,attn", steps=2, batch_sizes=(1,), legacy_skip_attn=True, strict_layers=True
+        CompilationConfig("piecewise", legacy_skip_attn=True),
+        SpeculativeConfig(2),
+        ToyConfig(layers="sconv,attn", strict_layers=True),
+        steps=2,
+        batch_sizes=(1,),
     )
     assert result.error.startswith("MissingMetadataError: capturing the PIECEWISE")
     assert result.backend == "sim" and result.cudagraph_mode == "piecewise" and result.max_abs_diff is None
@@ -142,7 +115,11 @@ def test_a_real_capture_failure_is_still_a_speculative_finding() -> None:
         lambda: CompilationConfig(splitting_ops="cglab::unified_attention,,cglab::short_conv"),
         lambda: CompilationConfig(splitting_ops=["cglab::unified_attention", ""]),
         lambda: BenchConfig.quick_preset(modes="none,,full"),
-        lambda: run_repro("piecewise", layers="sconv,attn", splitting_ops="cglab::unified_attention,", steps=2),
+        lambda: run_repro(
+            CompilationConfig("piecewise", splitting_ops="cglab::unified_attention,"),
+            ToyConfig(layers="sconv,attn"),
+            steps=2,
+        ),
     ],
     ids=["layer pattern", "splitting ops string", "splitting ops list", "bench modes", "run_repro"],
 )

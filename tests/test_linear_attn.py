@@ -142,11 +142,8 @@ def test_legacy_breakable_capture_fails_in_the_builder_above_max_num_reqs(device
     """Before the fix breakable PIECEWISE built capture metadata, and a 16-token capture batch of 8
     requests is prefill-shaped: the decode-only builder refuses it."""
     result = run_repro(
-        "piecewise",
-        legacy_skip_attn=True,
-        piecewise_flavor="breakable",
-        layers=LAYERS,
-        capture_sizes=ABOVE,
+        CompilationConfig("piecewise", ABOVE, legacy_skip_attn=True, use_breakable_cg=True),
+        ToyConfig(layers=LAYERS),
         steps=2,
         device=device,
     )
@@ -167,11 +164,8 @@ def test_legacy_breakable_capture_fails_in_the_builder_above_max_num_reqs(device
 
 def test_legacy_breakable_works_when_capture_batches_are_decode_shaped(device, replays) -> None:
     result = run_repro(
-        "piecewise",
-        legacy_skip_attn=True,
-        piecewise_flavor="breakable",
-        layers=LAYERS,
-        capture_sizes=(1, 2, 4, 8),
+        CompilationConfig("piecewise", (1, 2, 4, 8), legacy_skip_attn=True, use_breakable_cg=True),
+        ToyConfig(layers=LAYERS),
         prefill_chunk=4,
         steps=8,
         device=device,
@@ -185,10 +179,8 @@ def test_fixed_path_captures_above_max_num_reqs_and_matches_eager(device, flavor
     """Ordinary metadata at PIECEWISE capture (the fix): the prefill-shaped capture batches are built,
     and chunked-prefill steps of up to 10 tokens replay the 16-token graph."""
     result = run_repro(
-        "piecewise",
-        piecewise_flavor=flavor,
-        layers=LAYERS,
-        capture_sizes=ABOVE,
+        CompilationConfig("piecewise", ABOVE, use_breakable_cg=flavor == "breakable"),
+        ToyConfig(layers=LAYERS),
         batch_sizes=(3, 1, 4),
         max_num_reqs=4,
         prefill_chunk=6,
@@ -233,7 +225,12 @@ def test_capture_writes_nothing_into_the_state_cache(device, monkeypatch, mode, 
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_plain_full_is_lowered_to_full_and_piecewise_and_matches_eager(device, flavor, replays) -> None:
     result = run_repro(
-        "full", piecewise_flavor=flavor, layers=LAYERS, batch_sizes=(2, 1), prefill_chunk=8, steps=8, device=device
+        CompilationConfig("full", use_breakable_cg=flavor == "breakable"),
+        ToyConfig(layers=LAYERS),
+        batch_sizes=(2, 1),
+        prefill_chunk=8,
+        steps=8,
+        device=device,
     )
     assert result.mode == "full" and result.cudagraph_mode == "full_and_piecewise"
     assert result.cudagraph_mode_note.startswith(
@@ -457,10 +454,15 @@ def test_cli_reports_the_builder_failure_as_a_finding(capsys: pytest.CaptureFixt
 
 
 def test_max_num_reqs_sets_the_engine_limit_not_the_request_pool() -> None:
-    config = repro_config(LAYERS, None, [3, 1], steps=4, max_num_reqs=6)
-    assert config.max_num_reqs == 6 and config.num_blocks == repro_config(LAYERS, None, [3, 1], steps=4).num_blocks
+    model, cc = ToyConfig(layers=LAYERS), CompilationConfig()
+    config = repro_config(model, cc, [3, 1], steps=4, max_num_reqs=6)
+    assert config.max_num_reqs == 6 and config.num_blocks == repro_config(model, cc, [3, 1], steps=4).num_blocks
     result = run_repro(
-        "piecewise", layers=LAYERS, piecewise_flavor="breakable", batch_sizes=(3, 1), steps=2, max_num_reqs=6
+        CompilationConfig("piecewise", use_breakable_cg=True),
+        ToyConfig(layers=LAYERS),
+        batch_sizes=(3, 1),
+        steps=2,
+        max_num_reqs=6,
     )
     assert result.error is None and not result.diverged and result.steps_by_mode == {"piecewise": 2}
 
@@ -476,11 +478,6 @@ def test_cli_prints_the_lowering_note(capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("argv", "fix"),
     [
-        (
-            ["--max-num-reqs", "2", "--batch-sizes", "3"],
-            "max_num_reqs must be an integer from the largest batch size (3)",
-        ),
-        (["--max-num-reqs", "0"], "max_num_reqs must be an integer"),
         (["--num-speculative-tokens", "2", "--draft-layers", "linear_attn"], "does not support linear_attn"),
         (["--layers", LAYERS, "--splitting-ops", "cglab::unified_attention"], "add cglab::linear_attention"),
     ],

@@ -23,7 +23,7 @@ def _traced_ops(runner: ModelRunner) -> set[str]:
 @pytest.mark.parametrize("mode", ["piecewise", "full", "full_and_piecewise"])
 def test_python_guards_freeze_the_profiling_branch_under_torch_compile(device, mode, legacy, replays):
     """Fixed path or not, every mode that runs the compiled model loses the guarded layers for good."""
-    result = run_repro(mode, legacy_skip_attn=legacy, python_guards=True, device=device)
+    result = run_repro(CompilationConfig(mode, legacy_skip_attn=legacy), ToyConfig(python_guards=True), device=device)
     replayed = "piecewise" if mode == "piecewise" else "full"
     assert result.error is None  # silent, as the bug it mirrors
     assert result.steps_by_mode == {replayed: result.steps} and replays == {replayed: result.steps}
@@ -46,7 +46,9 @@ def test_the_trace_drops_the_guarded_ops(device):
 
 def test_eager_steps_of_the_compiled_model_are_frozen_too(device):
     """A batch above every capture size runs eagerly, but through the compiled model: frozen as well."""
-    result = run_repro("piecewise", python_guards=True, capture_sizes=(1, 2), batch_sizes=(8,), steps=3, device=device)
+    result = run_repro(
+        CompilationConfig("piecewise", (1, 2)), ToyConfig(python_guards=True), batch_sizes=(8,), steps=3, device=device
+    )
     assert result.steps_by_mode == {"none": 3}
     assert result.max_abs_diff > 0.05 and result.state_diverged
 
@@ -57,10 +59,8 @@ def test_breakable_graphs_ask_the_python_guard_at_capture(device, mode, legacy, 
     """No dynamo: the guard runs at capture, where metadata is present (before the fix too), and every
     layer records its kernels: Inkling's case, which vLLM runs on breakable graphs (vLLM PR #48822)."""
     result = run_repro(
-        mode,
-        piecewise_flavor="breakable",
-        legacy_skip_attn=legacy,
-        python_guards=True,
+        CompilationConfig(mode, use_breakable_cg=True, legacy_skip_attn=legacy),
+        ToyConfig(python_guards=True),
         prefill_chunk=4,
         steps=12,
         device=device,

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cglab import CUDAGraphMode, ModelRunner, ReproResult
+from cglab import CompilationConfig, CUDAGraphMode, ModelRunner, ReproResult, SpeculativeConfig, ToyConfig
 from cglab.cli import main
 from cglab.compare import NON_FINITE, dumps, exceeds, worst
 from cglab.repro import compare_final_state, divergence_verdict, tolerance
@@ -138,13 +138,11 @@ def test_acceptance_rates_of_a_run_agree_with_its_tokens_per_step() -> None:
     the rate is (tokens gained - requests) / (K * requests), summed over the steps."""
     k, batch_sizes, steps = 2, (1, 2, 3), 6
     result = run_spec_repro(
-        "piecewise",
-        legacy_skip_attn=True,
-        layers="attn,attn",
-        num_speculative_tokens=k,
+        CompilationConfig("piecewise", (3, 6, 12, 24), legacy_skip_attn=True),
+        SpeculativeConfig(k),
+        ToyConfig(layers="attn,attn", seed=5),
         batch_sizes=batch_sizes,
         steps=steps,
-        seed=5,
     )
     sizes = [batch_sizes[i % len(batch_sizes)] for i in range(steps)]
     for rate, per_step in (

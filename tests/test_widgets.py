@@ -39,6 +39,7 @@ from cglab.lab.widgets import (
     interactive_latency_explorer,
     last_written_slots,
     latency_explorer,
+    run_case,
     verdict,
     verdict_table,
 )
@@ -133,7 +134,7 @@ def _table_cells(table: str) -> list[list[str]]:
 
 
 def test_verdicts_and_table():
-    assert verdict(run_repro("piecewise", legacy_skip_attn=True, steps=4)).startswith("DIVERGED")
+    assert verdict(run_repro(CompilationConfig("piecewise", legacy_skip_attn=True), steps=4)).startswith("DIVERGED")
     assert verdict(run_repro("piecewise", steps=4)) == "matches eager"
     table = verdict_table(
         ["sconv,attn", "attn"], [("piecewise", True), ("piecewise", True, "breakable"), ("full", True)], steps=4
@@ -168,7 +169,7 @@ def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch)
     """One run per distinct case, however it is spelled: the explorer's fixed path, a table's cell and a
     call naming a default option are the same case; another option is another case."""
     runs = []
-    monkeypatch.setattr(widgets, "run_repro", lambda **options: runs.append(options) or run_repro(**options))
+    monkeypatch.setattr(widgets, "run_case", lambda **options: runs.append(options) or run_case(**options))
     widgets._remembered_repro.cache_clear()
     divergence_explorer("piecewise", legacy=True, layers="sconv,attn", steps=3)  # legacy and fixed: two runs
     verdict_table(["sconv,attn"], [("piecewise", True), ("piecewise", False)], steps=3)  # both remembered
@@ -200,13 +201,13 @@ def test_pictures_of_graphs_and_padding():
     assert len(draw_graph_anatomy(graphs).axes) == 1
     dispatcher = CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, (1, 2, 4, 8), max_num_reqs=8)
     assert len(draw_padding(dispatcher, 10).axes[0].lines) == 3  # two modes and the no-padding line
-    fig = draw_divergence({"a": run_repro("piecewise", legacy_skip_attn=True, steps=3)})
+    fig = draw_divergence({"a": run_repro(CompilationConfig("piecewise", legacy_skip_attn=True), steps=3)})
     assert len(fig.axes) == 2
 
 
 def test_a_failed_capture_is_drawn_as_a_failure_not_as_data():
-    failed = run_repro("piecewise", legacy_skip_attn=True, strict_layers=True, steps=3)
-    fixed = run_repro("piecewise", strict_layers=True, steps=3)
+    failed = run_repro(CompilationConfig("piecewise", legacy_skip_attn=True), ToyConfig(strict_layers=True), steps=3)
+    fixed = run_repro("piecewise", ToyConfig(strict_layers=True), steps=3)
     assert failed.error and not fixed.error
     steps_ax, state_ax = draw_divergence({"legacy": failed, "fixed": fixed}).axes
     assert [line.get_label() for line in steps_ax.lines if len(line.get_xdata())] == ["fixed", "tolerance (rounding)"]
@@ -355,7 +356,7 @@ def test_the_divergence_widget_disables_its_switches_as_the_mode_changes(capsys)
 
 def test_the_policy_and_chunked_prefill_reach_run_repro(monkeypatch: pytest.MonkeyPatch, capsys):
     runs = []
-    monkeypatch.setattr(widgets, "run_repro", lambda **options: runs.append(options) or run_repro(**options))
+    monkeypatch.setattr(widgets, "run_case", lambda **options: runs.append(options) or run_case(**options))
     widgets._remembered_repro.cache_clear()
     controls = _controls(interactive_divergence_explorer())
     assert [(r["mode"], r["legacy_skip_attn"], r["prefill_chunk"], r["steps"]) for r in runs] == [

@@ -129,7 +129,7 @@ def slide_figures() -> dict[str, SlideFigure]:
 
     device = setup_notebook("cpu")  # one thread, the simulator: what the committed notebooks show
     runs = {
-        f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
+        f"{path} capture path": run_repro(CompilationConfig("piecewise", legacy_skip_attn=legacy), device=device)
         for path, legacy in (("old", True), ("fixed", False))
     }
     one_size = {

@@ -19,7 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # a file, not a window: chosen before anything imports pyplot
 
-from cglab import run_repro
+from cglab import CompilationConfig, run_repro
 from cglab.lab.draw import draw_divergence
 from cglab.lab.notebook import setup_notebook
 from cglab.lab.widgets import verdict
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = setup_notebook("cpu")  # one thread, the simulator: the run the committed notebooks show
     runs = {
-        f"{path} capture path": run_repro("piecewise", legacy_skip_attn=legacy, device=device)
+        f"{path} capture path": run_repro(CompilationConfig("piecewise", legacy_skip_attn=legacy), device=device)
         for path, legacy in (("old", True), ("fixed", False))
     }
     figure = draw_divergence(runs)

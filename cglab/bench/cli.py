@@ -10,9 +10,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from cglab._arguments import PROG, add_command, int_list, name_list, print_saved
 from cglab.bench.config import BenchConfig
 from cglab.bench.modes import MEASURED_MODES, POLICIES
-from cglab.cli import PROG, add_command, int_list, name_list, print_saved
 from cglab.compare import dumps, exceeds
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from cglab.bench import BenchResult
 from cglab.compare import NON_FINITE
+from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig
 from cglab.config import PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig, parse_piecewise_flavor
 from cglab.lab.draw import DPI, draw_caches, draw_divergence
 from cglab.lab.interactive import ControlState, interactive
@@ -90,21 +91,53 @@ def case_label(mode: str, legacy: bool, flavor: str = "compiled") -> str:
     return f"{cg_mode.name}{named} {'legacy' if legacy else 'fixed'}"
 
 
-_REPRO_PARAMETERS = inspect.signature(run_repro)
+def run_case(
+    mode: str = "piecewise",
+    *,
+    legacy_skip_attn: bool = False,
+    piecewise_flavor: str = "compiled",
+    splitting_ops: tuple[str, ...] | None = None,
+    capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
+    pre_49751_dummy_split: bool = False,
+    layers: str = LAYER_MIXES[0],
+    strict_layers: bool = False,
+    batch_sizes: tuple[int, ...] = (3, 1, 8),
+    steps: int = DECODE_STEPS,
+    prefill_chunk: int = 0,
+    max_num_reqs: int | None = None,
+    device: str = "cpu",
+    **model: Any,
+) -> ReproResult:
+    """``run_repro`` of one case, named by the switches the explorers and tables set; ``model``: other
+    ``ToyConfig`` fields, such as ``hidden_size=64``."""
+    cc = CompilationConfig(
+        mode,
+        capture_sizes,
+        use_breakable_cg=piecewise_flavor == "breakable",
+        splitting_ops=splitting_ops,
+        legacy_skip_attn=legacy_skip_attn,
+        pre_49751_dummy_split=pre_49751_dummy_split,
+    )
+    config = ToyConfig(layers=layers, strict_layers=strict_layers, **model)
+    run = {"batch_sizes": batch_sizes, "steps": steps, "prefill_chunk": prefill_chunk, "device": device}
+    return run_repro(cc, config, max_num_reqs=max_num_reqs, **run)
+
+
+_REPRO_PARAMETERS = inspect.signature(run_case)
 
 
 @functools.lru_cache(maxsize=256)
 def _remembered_repro(options: tuple[tuple[str, Any], ...]) -> ReproResult:
-    return run_repro(**dict(options))
+    return run_case(**dict(options))
 
 
 def cached_repro(mode: str = "piecewise", **options: Any) -> ReproResult:
-    """``run_repro(mode, **options)``, remembered for the kernel's lifetime (the explorer and the tables ask for
+    """``run_case(mode, **options)``, remembered for the kernel's lifetime (the explorer and the tables ask for
     the same seeded cases again and again); the result is shared: read it, do not change it."""
     bound = _REPRO_PARAMETERS.bind(mode, **options)
     bound.apply_defaults()  # the same case spelled with or without a default option is one case
     arguments = dict(bound.arguments)
-    arguments |= arguments.pop("config_overrides")
+    arguments |= arguments.pop("model")
     return _remembered_repro(tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in arguments.items())))
 
 

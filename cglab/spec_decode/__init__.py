@@ -6,22 +6,15 @@ the tokens stay exactly the target's; ``run_spec_repro`` measures what a broken 
 acceptance, silently.
 """
 
-from cglab.spec_decode.cudagraph_utils import SpeculatorCudaGraphManager, draft_decode_mode
-from cglab.spec_decode.draft_model import DraftModel, draft_layer_pairs
+from cglab.spec_decode.draft_model import draft_layer_pairs
 from cglab.spec_decode.rejection_sampler import greedy_verify
 from cglab.spec_decode.repro import acceptance_rate, run_spec_repro, summarize_spec
-from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, greedy_decode
-from cglab.spec_decode.speculator import AutoRegressiveSpeculator
+from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, greedy_decode
 
 __all__ = [
     "DEFAULT_DRAFT_LAYERS",
-    "AutoRegressiveSpeculator",
-    "DraftModel",
     "SpecDecodeRunner",
-    "SpecStepOutput",
-    "SpeculatorCudaGraphManager",
     "acceptance_rate",
-    "draft_decode_mode",
     "draft_layer_pairs",
     "greedy_decode",
     "greedy_verify",

@@ -1,22 +1,15 @@
 """Capturing the drafter's graphs (vLLM: ``spec_decode/autoregressive/cudagraph_utils.py``).
 
-The drafter has two graph sets, one ``SpeculatorCudaGraphManager`` each:
+Two graph sets, one ``SpeculatorCudaGraphManager`` each. **Draft prefill** (a step's first draft, over the
+target's batch) has graphs in the target's mode (``uniform_token_count = K + 1`` for a verification batch)
+and reuses the target's metadata, so its capture builds dummy metadata through the target's builders and
+buffers. **Draft decode** (one token per request) has FULL uniform-decode graphs where the target decodes
+in FULL, else none; one graph replays per step (vLLM's fallback; its default fuses the steps).
 
-* **draft prefill** (a step's first draft, over the target's whole batch): graphs in the target's
-  mode, with ``uniform_token_count = K + 1`` for a verification batch. At run time the draft prefill
-  reuses the target's metadata, so its capture builds dummy metadata through the target's builders
-  and buffers.
-* **draft decode** (the other drafts, one token per request): FULL uniform-decode graphs where the
-  target's policy decodes in FULL, otherwise none (PIECEWISE graphs are not supported for draft decode).
-  One graph is replayed per step, vLLM's fallback; vLLM's default fuses the steps into one graph.
-
-Their FULL and breakable captures prepare fresh dummy inputs and metadata for warmup and again for
-capture (vLLM #44253: metadata the warmup had initialised let the capture skip the kernels that
-initialise it); a compiled PIECEWISE draft prefill runs one forward, one set of metadata, for both, as
-the target's does. Either way the forward comes from ``create_capture_forward``, the very function the
-target's capture uses. So the legacy ``skip_attn`` switch reaches the drafter as it did upstream:
-compiled PIECEWISE draft prefill captured without metadata, while the FULL-only draft decode always
-got capture metadata.
+Both capture through ``create_capture_forward``, the very function the target's capture uses: FULL and
+breakable captures get fresh dummy metadata for warmup and for capture (vLLM #44253), compiled PIECEWISE
+one set for both. So the legacy ``skip_attn`` switch reaches the drafter as it did upstream: compiled
+PIECEWISE draft prefill captured without metadata; FULL-only draft decode always had it.
 """
 
 from __future__ import annotations
@@ -55,14 +48,11 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
         input_buffers: InputBuffers,
         block_tables: BlockTables,
         attn_groups: Sequence[AttentionGroup],
-        *,
         reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
         compilation_config: CompilationConfig,
     ) -> None:
-        """Capture ``routine`` for every descriptor of this manager's dispatcher.
-
-        ``reads(metadata)``: what the routine reads from outside its graph, checked before each replay.
-        """
+        """Capture ``routine`` for every descriptor of the dispatcher; ``reads(metadata)``: what it reads from
+        outside its graph, checked before each replay."""
 
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
             return create_capture_forward(

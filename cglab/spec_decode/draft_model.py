@@ -1,25 +1,18 @@
 """``DraftModel``: a small EAGLE-style drafter that proposes tokens for the target to verify.
 
-vLLM: the draft models of ``vllm/v1/worker/gpu/spec_decode/`` (EAGLE heads, MTP modules). Like them,
-the drafter shares the target's embeddings and LM head, reads the target's last hidden states, and
-has layers of its own with their own paged caches, indexed through the target's block tables (one
-slot mapping serves both models).
+vLLM: the draft models of ``vllm/v1/worker/gpu/spec_decode/`` (EAGLE heads, MTP modules). Like them, the
+drafter shares the target's embeddings and LM head, reads the target's last hidden states, and has layers
+of its own with their own paged caches, indexed through the target's block tables (one slot mapping).
+EAGLE's input convention: the row at position ``p`` holds the target's hidden state at ``p`` and the token
+at ``p + 1``, so a draft prefill has the target's batch shape and reuses its metadata; it proposes ``p + 2``.
 
-The input convention is EAGLE's: the drafter's row at position ``p`` holds the target's hidden state
-at ``p`` and the token at ``p + 1`` (the target's inputs shifted left by one), so a draft prefill has
-exactly the target's batch shape and reuses the target's metadata. Row ``p`` proposes the token at
-``p + 2``.
-
-How an untrained drafter can propose anything: EAGLE learns to move the target's state one token on.
-The toy does that step by construction. Its first layer, a short convolution over the rows' input
-embeddings (``cglab::short_conv``, the Inkling-style paged conv, with its ``metadata is None`` guard
-inside the op), computes what changed since the previous row, ``embed(token p+1) - embed(token p)``,
-and adds it to the target's state: ``h(p+1) ~ h(p) + change``. The target's next token depends mostly
-on its token and position embeddings, so that estimate agrees with it most of the time. The subtraction needs the
-previous row's input, which the conv keeps in its state cache: a conv that records its no-op instead
-(the missing-metadata bug) adds the whole embedding on top of ``h(p)``, a state that mixes two tokens,
-and the drafts stop agreeing with the target. Its own decoder layers (``layers``, default one
-attention layer) follow, then the target's norm and LM head.
+How an untrained drafter can propose anything (the toy's construction): EAGLE learns to move the target's
+state one token on. Here the first layer, a short conv over the rows' input embeddings (``cglab::short_conv``,
+with its ``metadata is None`` guard inside the op), adds ``embed(token p+1) - embed(token p)`` to the
+target's state, and the target's next token depends mostly on its token and position embeddings. The
+subtraction reads the previous row from the conv's state cache: a conv that recorded its no-op (the bug)
+adds the whole embedding instead, and the drafts stop agreeing with the target. Its decoder layers
+(``layers``, default one attention layer) follow, then the target's norm and LM head.
 """
 
 from __future__ import annotations

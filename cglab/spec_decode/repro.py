@@ -1,108 +1,63 @@
 """Speculative decoding end to end: what ``python -m cglab repro --num-speculative-tokens K`` runs.
 
-Three engines on identical weights and prompts:
-
-* the **graph runner**: target and drafter with graphs, in the mode and flavor asked for;
-* an eager **shadow** that verifies exactly the drafts the graph runner proposed, so every target
-  step can be compared with eager logits, and every cache (the drafter's too) at the end;
-* an eager **reference** that runs the same drafter on its own: its acceptance rate is what the graph
-  runner's should be, and its generated tokens are what greedy decoding of the target gives.
-
-Greedy verification keeps a broken drafter's outputs exact: it shows up only as a lower acceptance
-rate than the reference, fewer tokens per step, a silent loss of speed.
+Three engines on identical weights and prompts: the **graph runner** (target and drafter with graphs); an
+eager **shadow** that verifies exactly the graph runner's drafts, so that every target step and, at the
+end, every cache can be compared; an eager **reference** with its own drafter, whose acceptance rate the
+graph runner's should equal. Greedy verification keeps a broken drafter's outputs exact: it shows only as
+a lower acceptance rate, fewer tokens per step, a silent loss of speed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from cglab.config import CUDAGraphMode, check_num_speculative_tokens
-from cglab.errors import CaptureError, CglabError, ConfigError
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig
+from cglab.config import ToyConfig
+from cglab.errors import CaptureError, CglabError
 from cglab.repro import (
     ReproResult,
     compare_final_state,
+    describe_runner,
     divergence_verdict,
     failed_capture,
     make_workload,
     new_result,
-    repro_compilation_config,
     repro_config,
 )
-from cglab.spec_decode.draft_model import DRAFT_PREFIX, draft_layer_pairs
-from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput, check_spec_decode_layers
+from cglab.spec_decode.draft_model import DRAFT_PREFIX
+from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput
 
 
 def run_spec_repro(
-    mode: str | CUDAGraphMode = "piecewise",
+    compilation_config: CompilationConfig | str,
+    speculative_config: SpeculativeConfig,
+    config: ToyConfig | None = None,
     *,
-    num_speculative_tokens: int = 2,
-    legacy_skip_attn: bool = False,
-    piecewise_flavor: str = "compiled",
-    splitting_ops: Sequence[str] | None = None,
-    layers: str | Sequence[str] = "sconv,attn,compressor,attn",
-    draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
-    strict_layers: bool = False,
-    capture_sizes: Sequence[int] | None = None,
     batch_sizes: Sequence[int] = (3, 1, 8),
     steps: int = 16,
     frozen_step_index: bool = False,
-    uniform_decode_by_shape: bool = False,
-    seed: int = 0,
-    device: str = "cpu",
     max_num_reqs: int | None = None,
-    pre_49751_dummy_split: bool = False,
+    device: str = "cpu",
     progress: Callable[[], object] | None = None,
-    **config_overrides: Any,
 ) -> ReproResult:
-    """Prefill every prompt eagerly (one request a step, so that every engine's speculative steps start
-    from identical caches), then run ``steps`` speculative steps; step ``i`` serves the first
-    ``batch_sizes[i % len(batch_sizes)]`` requests.
-
-    ``capture_sizes=None``: ``K + 1`` times 1, 2, 4 and 8 (``repro_capture_sizes``).
-    ``draft_layers``: the drafter's decoder layers after its fusion conv.
-    ``frozen_step_index``: the draft step index as a Python int (an analogue of vLLM #48892). The rest
-    as ``run_repro``.
-    """
-    k = check_num_speculative_tokens(num_speculative_tokens)
-    if k == 0:
-        raise ConfigError("num_speculative_tokens is 0: without drafts use run_repro (or drop the option)")
-    cc = repro_compilation_config(
-        mode,
-        legacy_skip_attn,
-        piecewise_flavor,
-        splitting_ops,
-        uniform_decode_by_shape,
-        capture_sizes,
-        k,
-        pre_49751_dummy_split,
-    )
+    """Prefill every prompt eagerly, one request a step (every engine's speculative steps start from the
+    same caches), then run ``steps`` speculative steps of the first ``batch_sizes[i % len]`` requests.
+    ``speculative_config``: K and the drafter's layers (``draft_layer_pairs``; none: ``DEFAULT_DRAFT_LAYERS``);
+    ``frozen_step_index``: see ``AutoRegressiveSpeculator``; the rest as ``run_repro``."""
+    cc, k = CompilationConfig.of(compilation_config), speculative_config.num_speculative_tokens
     config = repro_config(
-        layers,
-        capture_sizes,
-        batch_sizes,
-        steps,
-        seed,
-        strict_layers,
-        num_speculative_tokens=k,
-        max_num_reqs=max_num_reqs,
-        pre_49751_dummy_split=pre_49751_dummy_split,
-        **config_overrides,
+        config or ToyConfig(), cc, batch_sizes, steps, num_speculative_tokens=k, max_num_reqs=max_num_reqs
     )
-    check_spec_decode_layers(config.layers, draft_layer_pairs(draft_layers))
     result = new_result(cc, config, steps, num_speculative_tokens=k)
+    draft_layers = [kind for _, kind in speculative_config.draft_layers[1:]] or DEFAULT_DRAFT_LAYERS
     common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
     # The graph runner first: it checks the device before it builds anything.
     try:
         runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
         return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, cc, k + 1)
-    resolved = runner.target.compilation_config
-    result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
+    describe_runner(result, runner.target)
     shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
-    result.backend = runner.backend_name
-    if runner.target.cudagraph_manager is not None:
-        result.captured_sizes = {m.value: s for m, s in runner.target.cudagraph_manager.captured_sizes.items()}
     prompts, _ = make_workload(config, steps, num_requests=max(batch_sizes))
     engines = (runner, shadow, reference)
     outputs: dict[str, list[SpecStepOutput]] = {"runner": [], "reference": []}
@@ -123,12 +78,10 @@ def run_spec_repro(
             _count(result.draft_steps_by_mode.setdefault("prefill", {}), out.draft_prefill.cg_mode.value)
             for desc in out.draft_decode:
                 _count(result.draft_steps_by_mode.setdefault("decode", {}), desc.cg_mode.value)
-            for name, output, per_step in (
-                ("runner", out, result.tokens_per_step),
-                ("reference", ref, result.reference_tokens_per_step),
-            ):
-                outputs[name].append(output)
-                per_step.append(_tokens_per_request(output))
+            outputs["runner"].append(out)
+            outputs["reference"].append(ref)
+            result.tokens_per_step.append(_tokens_per_request(out))
+            result.reference_tokens_per_step.append(_tokens_per_request(ref))
             if progress is not None:
                 progress()
     except CglabError as exc:
@@ -162,12 +115,6 @@ def summarize_spec(result: ReproResult) -> str:
     )
 
 
-def spec_divergence_verdict(result: ReproResult) -> str:
-    """``divergence_verdict`` of a speculative run, the target's caches told from the drafter's, e.g.
-    ``"drafter caches DIVERGED from eager; logits and target caches match"``."""
-    return divergence_verdict(result, cache_groups(result))
-
-
 def cache_groups(result: ReproResult) -> dict[str, list[str]]:
     """A speculative run's caches by owner, for ``divergence_verdict``."""
     drafter = [name for name in result.state_diffs if name.startswith(DRAFT_PREFIX)]
@@ -175,9 +122,8 @@ def cache_groups(result: ReproResult) -> dict[str, list[str]]:
 
 
 def acceptance_rate(steps: Sequence[SpecStepOutput]) -> float | None:
-    """Accepted drafts over verified drafts, counted in draft tokens over every request of every step
-    (None: no draft was verified). A request verifies K drafts a step: counted per request, the rate
-    would read up to K times too high and could pass 1."""
+    """Accepted drafts over verified drafts, in draft tokens over every request of every step (None: none
+    verified); counted per request, the rate would read up to K times too high."""
     verified = sum(sum(step.num_drafts) for step in steps)
     return sum(sum(step.num_accepted) for step in steps) / verified if verified else None
 

@@ -38,13 +38,10 @@ class SpecStepOutput:
 
 
 class SpecDecodeRunner:
-    """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification.
-
-    The target ``ModelRunner`` gets ``compilation_config``, and the drafter captures with the same settings.
-    As in vLLM's model runner v2, PIECEWISE graphs keep the capture sizes and FULL uniform-decode graphs
-    round them up to multiples of ``K + 1`` (``uniform_decode_sizes``).
-    ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``).
-    """
+    """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification; the
+    target ``ModelRunner`` gets ``compilation_config`` and the drafter captures with the same settings. As in
+    vLLM's model runner v2, FULL uniform-decode graphs round the capture sizes up to multiples of ``K + 1``.
+    ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``)."""
 
     def __init__(
         self,
@@ -56,8 +53,6 @@ class SpecDecodeRunner:
         frozen_step_index: bool = False,
         device: str | torch.device = "cpu",
     ) -> None:
-        if not isinstance(config, ToyConfig):
-            raise ConfigError(f"SpecDecodeRunner needs a ToyConfig, got {type(config).__name__}")
         spec = SpeculativeConfig(num_speculative_tokens)  # checks K
         k = spec.num_speculative_tokens
         # A request holds at least one prompt token, then K + 1 tokens are verified at a time.
@@ -67,10 +62,14 @@ class SpecDecodeRunner:
                 f"per request after its prompt, but max_model_len is {config.max_model_len} and "
                 f"max_num_batched_tokens {config.max_num_batched_tokens}; use fewer speculative tokens"
             )
-        if not isinstance(frozen_step_index, bool):
-            raise ConfigError(f"frozen_step_index must be True or False, got {frozen_step_index!r}")
         pairs = draft_layer_pairs(draft_layers)
-        check_spec_decode_layers(config.layers, pairs)
+        # One recurrent state per request would absorb the drafts that verification rejects: the toy keeps
+        # no earlier state to go back to.
+        if "linear_attn" in config.layers or any(kind == "linear_attn" for _, kind in pairs):
+            raise ConfigError(
+                "speculative decoding does not support linear_attn layers (target or drafter): their one state "
+                "per request would absorb the rejected drafts; use attn, sconv or compressor layers"
+            )
         self.config = config
         self.num_speculative_tokens = k
         self.target = ModelRunner(
@@ -101,22 +100,15 @@ class SpecDecodeRunner:
     def step(
         self, req_ids: Sequence[str], eager: bool = False, drafts: Mapping[str, Sequence[int]] | None = None
     ) -> SpecStepOutput:
-        """One step for ``req_ids``: verify their drafts (or run their prompts), then draft again.
-
-        ``drafts`` replaces the runner's own proposals for the requests it names: an eager reference
-        verifies exactly what a graph runner proposed, so the two target steps can be compared.
-        ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode
-        dispatches as usual).
-        """
-        if isinstance(req_ids, (str, bytes)) or not isinstance(req_ids, Sequence):
-            raise ConfigError(f"step() takes a list of request ids such as ['req0'], got {req_ids!r}")
+        """One step for ``req_ids``: verify their drafts (or run their prompts), then draft again. ``drafts``
+        replaces the runner's own proposals (an eager shadow verifies what a graph runner proposed);
+        ``eager=True`` runs the target step eagerly (the draft prefill follows it; draft decode dispatches)."""
         if len(set(req_ids)) != len(req_ids):
             raise ConfigError(f"a step schedules each request once; {list(req_ids)} names one more than once")
-        given = self._check_drafts(req_ids, drafts)
         tokens, num_drafts = [], []
         for req_id in req_ids:
             if req_id in self.next_token:
-                proposal = given.get(req_id, self.drafts[req_id])
+                proposal = list((drafts or {}).get(req_id, self.drafts[req_id]))
                 tokens.append([self.next_token[req_id], *proposal])
                 num_drafts.append(len(proposal))
             else:
@@ -142,27 +134,6 @@ class SpecDecodeRunner:
             self.drafts[req_id] = proposal
         return SpecStepOutput(logits, prepared.descriptor, num_drafts, accepted, new_tokens, prefill, decodes)
 
-    def _check_drafts(self, req_ids: Sequence[str], drafts: object) -> dict[str, list[int]]:
-        """``drafts`` as token lists: K for each request it names, and only requests this step verifies."""
-        if drafts is None:
-            return {}
-        if not isinstance(drafts, Mapping):
-            raise ConfigError(f"drafts must be a dict {{request id: [token ids]}}, got {type(drafts).__name__}")
-        k, checked = self.num_speculative_tokens, {}
-        for req_id, proposal in drafts.items():
-            if req_id not in req_ids or req_id not in self.next_token:
-                raise ConfigError(
-                    f"drafts names request {req_id!r}, which this step does not verify (not scheduled, "
-                    "or its step runs its prompt); drop it from drafts"
-                )
-            checked[req_id] = parse_token_ids(req_id, proposal)
-            if len(checked[req_id]) != k:
-                raise ConfigError(
-                    f"request {req_id!r} got {len(checked[req_id])} drafts, but every verification step "
-                    f"checks num_speculative_tokens = {k}; give exactly {k} token ids"
-                )
-        return checked
-
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The target's caches, then the drafter's."""
         return {**self.target.state_tensors(), **self.speculator.state_tensors()}
@@ -170,18 +141,6 @@ class SpecDecodeRunner:
     def close(self) -> None:
         self.speculator.close()
         self.target.close()
-
-
-def check_spec_decode_layers(layers: Sequence[str], draft_pairs: Sequence[tuple[str, str]]) -> None:
-    """Refuse ``linear_attn`` in the target or the drafter: its one recurrent state per request would
-    absorb the drafts that verification rejects, with no earlier state to go back to."""
-    if "linear_attn" in layers or any(kind == "linear_attn" for _, kind in draft_pairs):
-        raise ConfigError(
-            "speculative decoding does not support linear_attn layers (target or drafter): such a layer "
-            "keeps one recurrent state per request, which would absorb the rejected drafts, and the toy "
-            "keeps no per-token states to roll back to; use attn, sconv or compressor layers with "
-            "speculative tokens"
-        )
 
 
 def greedy_decode(runner: ModelRunner, req_id: str, prompt: Sequence[int], num_tokens: int) -> list[int]:

@@ -2,25 +2,21 @@
 
 vLLM: ``vllm/v1/worker/gpu/spec_decode/autoregressive/speculator.py``. A proposal has two phases:
 
-1. **draft prefill**, over the target's batch: the target's hidden states and its inputs shifted
-   left by one, with the token the target just produced placed at each request's last accepted row.
-   Same batch shape and same block tables as the target, so it reuses the target's metadata. It
-   yields the first draft.
+1. **draft prefill**, over the target's batch: the target's hidden states and its inputs shifted left
+   by one, with the target's new token at each request's last accepted row. It has the target's batch
+   shape and block tables, so it reuses the target's metadata. It yields the first draft.
 2. **draft decode**, K - 1 steps of one token per request, each feeding the previous draft and the
    drafter's own hidden state back (EAGLE). Each step replays its own graph, as vLLM's fallback
-   ``_multi_step_decode`` does; vLLM's default records all K - 1 steps in one fused FULL graph
-   (``use_fused_multi_step_decode``, #46849) where the attention backends support it.
+   ``_multi_step_decode`` does; vLLM's default fuses the K - 1 steps in one FULL graph (#46849).
 
 A FULL graph records the whole routine (model, picking the rows, argmax, writing the drafts); under
 PIECEWISE only the model's pieces are graphs and the rest runs eagerly, as in vLLM.
 
 Per-step values live in device tensors that the host writes between replays: the rows to sample
-(``last_token_indices``) and the draft step (``current_draft_step``: which column of ``draft_tokens``
-a decode step fills). ``frozen_step_index=True`` passes the step as a Python int instead, and a graph
-freezes a Python value at capture. That is an analogue, in the toy's FULL draft decode, of vLLM
-#48892: there a multi-layer MTP drafter picks its layer with a Python ``spec_step_idx``, a PIECEWISE
-capture would keep 0 and replay layer 0 at every step, and that is why PIECEWISE was not enabled for
-it.
+(``last_token_indices``) and the draft step (``current_draft_step``). ``frozen_step_index=True`` passes
+the step as a Python int instead, which a graph freezes at capture: the toy's analogue of vLLM #48892,
+where a multi-layer MTP drafter picks its layer with a Python ``spec_step_idx`` and a PIECEWISE capture
+would keep layer 0 (why PIECEWISE was not enabled for it).
 """
 
 from __future__ import annotations
@@ -45,12 +41,9 @@ NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMo
 
 
 class AutoRegressiveSpeculator:
-    """The drafter of one target ``ModelRunner``: its model, buffers, builders and two graph sets.
-
-    The target runner must have been built with ``decode_query_len = K + 1``, the drafter's layers
-    (``draft_layer_pairs``) and ``return_hidden_states``, as ``SpecDecodeRunner`` does. Graphs are
-    captured here, after the target's, with its graph backend, flavor, splitting ops and legacy switch.
-    """
+    """The drafter of one target ``ModelRunner`` (built with a ``SpeculativeConfig``, as ``SpecDecodeRunner``
+    does): its model, buffers, builders and two graph sets, captured after the target's with the target's
+    resolved ``compilation_config`` and graph backend (one memory pool)."""
 
     def __init__(
         self,
@@ -61,8 +54,8 @@ class AutoRegressiveSpeculator:
         seed: int,
         frozen_step_index: bool = False,
     ) -> None:
-        config = target.config
-        self.target = target
+        config, cc = target.config, target.compilation_config
+        self.target, self.compilation_config = target, cc
         self.num_speculative_tokens = num_speculative_tokens
         self.frozen_step_index = frozen_step_index
         self.model = DraftModel(config, draft_layers, target.model, seed)
@@ -70,9 +63,7 @@ class AutoRegressiveSpeculator:
         device = target.device
         # Draft decode writes all its inputs here; draft prefill only ids and positions (its metadata
         # is the target's).
-        self.input_buffers = InputBuffers(
-            config.max_num_reqs, config.max_num_tokens, device, target.compilation_config.pre_49751_dummy_split
-        )
+        self.input_buffers = InputBuffers(config.max_num_reqs, config.max_num_tokens, device, cc.pre_49751_dummy_split)
         # The hidden states the drafter reads: the target's (draft prefill), then its own (draft decode).
         self.hidden_states = torch.zeros(
             config.max_num_tokens, config.hidden_size, dtype=getattr(torch, config.dtype), device=device
@@ -82,7 +73,7 @@ class AutoRegressiveSpeculator:
         self.draft_tokens = torch.zeros(config.max_num_reqs, num_speculative_tokens, dtype=torch.long, device=device)
         self.last_token_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
         self.current_draft_step = torch.zeros((), dtype=torch.long, device=device)
-        mode, sizes = target.compilation_config.cudagraph_mode, target.compilation_config.cudagraph_capture_sizes
+        mode, sizes = cc.cudagraph_mode, cc.cudagraph_capture_sizes
         self.prefill_dispatcher = CudagraphDispatcher(
             mode, sizes, config.max_num_reqs, decode_query_len=num_speculative_tokens + 1
         )
@@ -90,9 +81,7 @@ class AutoRegressiveSpeculator:
         self.prefill_manager: SpeculatorCudaGraphManager | None = None
         self.decode_manager: SpeculatorCudaGraphManager | None = None
         backend = target.graph_backend
-        if backend is not None:
-            cc = target.compilation_config
-            # One compilation config for both models, as in vLLM.
+        if backend is not None:  # one compilation config for both models, as in vLLM
             self.forward_model = build_forward_model(self.model, cc, backend)
             self.prefill_manager = SpeculatorCudaGraphManager(
                 backend, self.prefill_dispatcher, cc.check_addresses, not cc.use_breakable_cg
@@ -107,27 +96,16 @@ class AutoRegressiveSpeculator:
         """Capture the draft prefill graphs (through the target's buffers and builders), then the draft
         decode graphs (through the drafter's own)."""
         assert self.prefill_manager is not None and self.decode_manager is not None
-        target = self.target
-        cc = target.compilation_config
+        target, cc = self.target, self.compilation_config
         # Indices left by earlier runs must not index out of range in the dummy batches.
         self.last_token_indices.zero_()
         self.prefill_manager.capture_routine(
-            self._captured_prefill,
-            target.input_buffers,
-            target.block_tables,
-            target.attn_groups,
-            reads=self._reads,
-            compilation_config=cc,
+            self._captured_prefill, target.input_buffers, target.block_tables, target.attn_groups, self._reads, cc
         )
         if self.num_speculative_tokens > 1:
             self.current_draft_step.fill_(1)  # warmup and capture run step 1, the first draft decode step
             self.decode_manager.capture_routine(
-                self._captured_decode,
-                self.input_buffers,
-                target.block_tables,
-                self.attn_groups,
-                reads=self._reads,
-                compilation_config=cc,
+                self._captured_decode, self.input_buffers, target.block_tables, self.attn_groups, self._reads, cc
             )
 
     def _captured_prefill(self, desc: BatchExecutionDescriptor, num_reqs: int) -> torch.Tensor:
@@ -205,14 +183,9 @@ class AutoRegressiveSpeculator:
         num_valid: Sequence[int],
         next_tokens: Sequence[int],
     ) -> tuple[list[list[int]], BatchExecutionDescriptor, list[BatchExecutionDescriptor]]:
-        """Drafts after the target ran ``step``: ``K`` tokens per request.
-
-        ``target_output``: the target's padded output (logits, then hidden states), as ``execute``
-        returned it. ``tokens``: each request's tokens in that step; ``num_valid``: how many of them
-        the target kept (the whole prompt, or the last token plus the accepted drafts); ``next_tokens``:
-        the token the target produced after them. Returns the drafts and how the draft prefill and each
-        draft decode step ran.
-        """
+        """``K`` drafts per request after the target ran ``step`` (``target_output``: its padded logits and
+        hidden states) on ``tokens``, of which it kept ``num_valid`` and then produced ``next_tokens``; and
+        how the draft prefill and each draft decode step ran."""
         batch = step.input_batch
         shifted, last_rows, start = [], [], 0
         for toks, valid, nxt in zip(tokens, num_valid, next_tokens):
@@ -228,14 +201,12 @@ class AutoRegressiveSpeculator:
         self.hidden_states[:padded].copy_(target_output[:padded, self.vocab_size :])
         # The draft prefill takes the target's descriptor: same policy, sizes and uniform_token_count.
         prefill = step.descriptor
+        if prefill.cg_mode is not NONE:
+            self._check_reads(self.prefill_manager, prefill, step.attn_metadata)
         if prefill.cg_mode is FULL:  # the graph samples too
             assert self.prefill_manager is not None
-            self._check_reads(self.prefill_manager, prefill, step.attn_metadata)
             self.prefill_manager.run_fullgraph(prefill)
         else:  # eagerly, or PIECEWISE: the model's wrappers replay, sampling runs eagerly
-            if prefill.cg_mode is PIECEWISE:
-                assert self.prefill_manager is not None
-                self._check_reads(self.prefill_manager, prefill, step.attn_metadata)
             with set_forward_context(step.attn_metadata, prefill.cg_mode, prefill):
                 self._sample_prefill(
                     self._run_model(prefill.num_tokens if prefill.cg_mode is PIECEWISE else batch.num_tokens), num_reqs
@@ -275,8 +246,12 @@ class AutoRegressiveSpeculator:
         return desc
 
     def _check_reads(
-        self, manager: SpeculatorCudaGraphManager, desc: BatchExecutionDescriptor, attn_metadata: Mapping[str, Any]
+        self,
+        manager: SpeculatorCudaGraphManager | None,
+        desc: BatchExecutionDescriptor,
+        attn_metadata: Mapping[str, Any],
     ) -> None:
+        assert manager is not None
         if manager.check_addresses:
             manager.check_reads(desc, self._reads(attn_metadata), self._source)
 

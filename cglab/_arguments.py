@@ -1,0 +1,103 @@
+"""The argparse pieces every ``python -m cglab`` command shares: the parser that refuses in one line, the
+help with examples, the list types, and printing a result already saved. Torch-free, as ``cglab.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+PROG = "python -m cglab"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's own "(default: ...)" after each option's help, and the examples kept as written.
+    Options whose default is None work theirs out from other options: their help says how."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad arguments get one line naming the argument, not a usage dump or a traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def help_text(description: str, examples: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A parser's help: ``description`` filled to the width by hand (the formatter keeps text as written, for
+    the examples), and an epilog of example command lines, each with what it shows (a shell comment)."""
+    return {
+        "description": textwrap.fill(" ".join(description.split()), width=88),
+        "epilog": "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in examples),
+        "formatter_class": _HelpFormatter,
+    }
+
+
+def add_command(
+    sub: argparse._SubParsersAction, name: str, summary: str, description: str, *examples: tuple[str, str]
+) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``: ``summary`` in the command list, the rest in its --help."""
+    return sub.add_parser(name, help=summary, **help_text(description, examples))
+
+
+def _items(text: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``. An empty item (``"1,,2"``) is a typo, not a separator: refused."""
+    items = [part.strip() for part in text.split(",")]
+    if any(items) and not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item (two commas in a row, or one at an end); remove it"
+        )
+    return [item for item in items if item]
+
+
+def counts(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        if not text.strip().lstrip("-").isdigit() or int(text) < low:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {low}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+def int_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (argparse type: its error message names the argument)."""
+    try:
+        values = [int(part) for part in _items(text)]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type for ``"a,b"`` -> ``["a", "b"]``, each name one of ``valid``."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.lower() for name in _items(text)]
+        if not names or any(n not in valid for n in names):
+            raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(valid)}; got {text!r}")
+        return names
+
+    return parse
+
+
+def print_saved(text: str) -> None:
+    """Print the report of a result already saved in files: if the reader of stdout went away (``| true``,
+    ``| head``), only this report is lost, so that is no error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        stdout_to_devnull()
+
+
+def stdout_to_devnull() -> None:
+    """Point a closed stdout at the null device: Python's flush at exit must not fail a second time."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
