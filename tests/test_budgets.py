@@ -112,6 +112,26 @@ def test_no_two_modules_import_each_other() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
 
 
+def test_the_engine_reads_in_small_pieces() -> None:
+    """The set-up a learner reads before the first step, and the signatures the configs narrowed."""
+    import inspect
+
+    from cglab.compilation.wrapper import build_forward_model
+    from cglab.compilation_config import CompilationConfig
+    from cglab.repro import run_repro
+    from cglab.runner import ModelRunner
+    from cglab.spec_decode import run_spec_repro
+
+    init = inspect.getsource(ModelRunner.__init__).splitlines()
+    body = [line for line in init if line.strip() and not line.strip().startswith("#")]
+    assert len(body) <= 35, f"ModelRunner.__init__ has {len(body)} lines of code"
+    assert len(inspect.signature(build_forward_model).parameters) <= 3
+    for run in (run_repro, run_spec_repro):
+        first = next(iter(inspect.signature(run).parameters.values()))
+        assert "CompilationConfig" in str(first.annotation), f"{run.__name__} takes {first}"
+    assert CompilationConfig.resolve.__qualname__ == "CompilationConfig.resolve"
+
+
 if __name__ == "__main__":
     for part, total in sizes().items():
         print(f"{total:6d} / {PARTS[part][0]:5d}  {part}")
