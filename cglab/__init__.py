@@ -4,9 +4,8 @@ Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bu
 the engine, go in README's order ("Read the engine"): config, compilation_config, forward_context,
 buffers, batch, metadata, layers, model, compilation, cudagraph_utils, runner.
 
-The names below import on first use (PEP 562), so that ``import cglab`` costs nothing until one is
-needed: ``python -m cglab`` imports this package before it parses its arguments, and a typo there
-should be refused at once, not after the seconds it takes to import torch.
+The names below import on first use (PEP 562): ``python -m cglab`` imports this package before it parses
+its arguments, and refuses a typo there before the seconds it takes to import torch.
 """
 
 from __future__ import annotations

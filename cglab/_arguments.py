@@ -14,8 +14,8 @@ PROG = "python -m cglab"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """argparse's own "(default: ...)" after each option's help, and the examples kept as written.
-    Options whose default is None work theirs out from other options: their help says how."""
+    """argparse's "(default: ...)" after each help, except where the default is None (the help says how it
+    is worked out), and the examples kept as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return action.help if action.default is None else super()._get_help_string(action)
@@ -29,8 +29,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def help_text(description: str, examples: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """A parser's help: ``description`` filled to the width by hand (the formatter keeps text as written, for
-    the examples), and an epilog of example command lines, each with what it shows (a shell comment)."""
+    """A parser's help: ``description`` filled by hand, then example command lines, each with what it shows."""
     return {
         "description": textwrap.fill(" ".join(description.split()), width=88),
         "epilog": "examples:\n" + "\n".join(f"  {command}\n      # {why}" for command, why in examples),
@@ -49,9 +48,7 @@ def _items(text: str) -> list[str]:
     """``"a, b"`` -> ``["a", "b"]``. An empty item (``"1,,2"``) is a typo, not a separator: refused."""
     items = [part.strip() for part in text.split(",")]
     if any(items) and not all(items):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} has an empty item (two commas in a row, or one at an end); remove it"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (a doubled comma, or one at an end); remove it")
     return [item for item in items if item]
 
 
@@ -90,8 +87,7 @@ def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def print_saved(text: str) -> None:
-    """Print the report of a result already saved in files: if the reader of stdout went away (``| true``,
-    ``| head``), only this report is lost, so that is no error."""
+    """Print a report of results already saved: a reader of stdout that went away (``| head``) is no error."""
     try:
         print(text, flush=True)
     except BrokenPipeError:

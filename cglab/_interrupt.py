@@ -1,7 +1,6 @@
-"""One line, not a traceback, for a Ctrl-C while ``python -m cglab`` imports torch: a KeyboardInterrupt
-there prints a traceback or is swallowed by an import that then fails oddly, so until ``cli.main`` takes
-over, Ctrl-C ends the process at once. Only under ``-m`` (``sys.argv[0] == "-m"`` while importing) and
-only over Python's own handler. And ``termination_deferred``: SIGTERM and SIGHUP wait for a save to end."""
+"""A Ctrl-C while ``python -m cglab`` imports torch would print a traceback or break the import: until ``cli.main``
+takes over, it ends the process at once, with one line. Only under ``-m`` (``sys.argv[0] == "-m"`` while importing)
+and over Python's own handler. And ``termination_deferred``: SIGTERM and SIGHUP wait for a save to end."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def keyboard_interrupt_from_here() -> None:
 
 @contextmanager
 def termination_deferred() -> Iterator[None]:
-    """SIGTERM and SIGHUP wait until the block ends, then act as they would have (by default, end the
-    process): a save in progress ends whole, never half old and half new. Ctrl-C is not deferred: its
-    KeyboardInterrupt undoes the save. Only the main thread can set handlers; elsewhere nothing changes."""
+    """SIGTERM and SIGHUP wait until the block ends, then act as they would have: a save in progress ends
+    whole. Ctrl-C is not deferred: its KeyboardInterrupt undoes the save. Main thread only (elsewhere: no-op)."""
     main = threading.current_thread() is threading.main_thread()
     signums = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if main and hasattr(signal, name)]
     caught: list[int] = []

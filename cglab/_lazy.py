@@ -11,8 +11,7 @@ from typing import Any
 def lazy_exports(
     package: str, exports: Mapping[str, tuple[str, ...]], namespace: dict[str, Any], names: list[str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps each module to the names it
-    holds; a name is imported once, then kept in the package's ``namespace``."""
+    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps each module to its names."""
     module_of = {name: module for module, held in exports.items() for name in held}
 
     def __getattr__(name: str) -> Any:

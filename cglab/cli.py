@@ -65,9 +65,7 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")
     p.add_argument("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
     switch("--uniform-decode-by-shape", help="uniform decode by batch shape alone, as vLLM before PR #51865")
-    p.add_argument(
-        "--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="K drafts a step, verified greedily"
-    )
+    p.add_argument("--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="drafts a step (greedy)")
     p.add_argument("--draft-layers", type=name_list(LAYER_KINDS), help="the drafter's layers (default: attn)")
     switch("--frozen-step-index", help="the draft step index as a Python int, frozen at capture (vLLM #48892)")
     p.add_argument("--seed", type=int, default=0, help="weights and prompts")
@@ -165,14 +163,10 @@ def _warn(text: str) -> None:
 
 def _warn_idle_switches(args: argparse.Namespace) -> None:
     """One warning line per reason, naming the switches given that change nothing here (each switch once)."""
-    k, named = args.num_speculative_tokens, set()
+    k, named, eager = args.num_speculative_tokens, set(), args.mode == "none"
     for names, idle, why in (
         (("draft_layers", "frozen_step_index"), k == 0, "without --num-speculative-tokens K: there is no drafter"),
-        (
-            _GRAPH_SWITCHES,
-            args.mode == "none",
-            "under --mode none: it captures no graph (the run compares eager with eager)",
-        ),
+        (_GRAPH_SWITCHES, eager, "under --mode none: it captures no graph (the run compares eager with eager)"),
         (
             ("splitting_ops", "python_guards"),
             args.piecewise_flavor == "breakable",

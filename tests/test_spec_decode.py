@@ -21,6 +21,7 @@ from cglab.config import CUDAGraphMode
 from cglab.lab.plots import plot_tokens_per_step
 from cglab.spec_decode import (
     SpecDecodeRunner,
+    draft_layer_pairs,
     greedy_decode,
     greedy_verify,
     run_spec_repro,
@@ -144,13 +145,13 @@ def test_frozen_step_index_freezes_the_draft_column(device):
     drafts = {}
     for frozen in (False, True):
         runner = SpecDecodeRunner(
-            config, CompilationConfig("full", (4, 8)), num_speculative_tokens=3, frozen_step_index=frozen, device=device
+            config, CompilationConfig("full", (4, 8)), SpeculativeConfig(3), frozen_step_index=frozen, device=device
         )
         runner.add_request("r", prompt)
         out = runner.step(["r"], eager=True)
         assert [d.cg_mode.value for d in out.draft_decode] == ["full", "full"]
         drafts[frozen] = runner.drafts["r"]
-    eager = SpecDecodeRunner(config, "none", num_speculative_tokens=3, device=device)
+    eager = SpecDecodeRunner(config, "none", SpeculativeConfig(3), device=device)
     eager.add_request("r", prompt)
     eager.step(["r"])
     assert drafts[False] == eager.drafts["r"]
@@ -173,7 +174,7 @@ def test_speculative_tokens_are_exactly_the_greedy_tokens():
     config = ToyConfig(layers="attn,attn", max_num_reqs=1, max_model_len=48)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     greedy = greedy_decode(ModelRunner(config, "none"), "r", prompt, 24)
-    spec = SpecDecodeRunner(config, "none", num_speculative_tokens=3)
+    spec = SpecDecodeRunner(config, "none", SpeculativeConfig(3))
     spec.add_request("r", prompt)
     steps = 0
     while len(spec.outputs["r"]) < 24:
@@ -189,7 +190,7 @@ def test_drafts_after_steps_equal_the_drafts_of_one_prefill_of_the_same_tokens()
     fresh drafter proposes after prefilling the same tokens at once."""
     config = ToyConfig(layers="attn,attn", max_num_reqs=2, max_model_len=48, seed=5)
     prompts = {"a": [4, 8, 15, 16, 23], "b": [42, 7, 7, 1, 30, 2, 11]}
-    runner = SpecDecodeRunner(config, "none", num_speculative_tokens=3)
+    runner = SpecDecodeRunner(config, "none", SpeculativeConfig(3))
     for req_id, prompt in prompts.items():
         runner.add_request(req_id, prompt)
         runner.step([req_id])
@@ -199,7 +200,7 @@ def test_drafts_after_steps_equal_the_drafts_of_one_prefill_of_the_same_tokens()
         rejected += sum(d - a for d, a in zip(out.num_drafts, out.num_accepted))
     assert rejected > 0  # the case that matters: rows past the last accepted one held rejected drafts
     for req_id, prompt in prompts.items():
-        fresh = SpecDecodeRunner(config, "none", num_speculative_tokens=3)
+        fresh = SpecDecodeRunner(config, "none", SpeculativeConfig(3))
         *seen, last = prompt + runner.outputs[req_id]
         fresh.add_request(req_id, seen)
         assert fresh.step([req_id]).new_tokens == [[last]]  # the same greedy token...
@@ -228,7 +229,7 @@ def test_target_and_drafter_capture_the_sizes_model_runner_v2_captures():
     runner = SpecDecodeRunner(
         ToyConfig(layers="attn,attn", max_num_reqs=4, max_model_len=48),
         CompilationConfig("full_and_piecewise", (1, 2, 4, 8)),
-        num_speculative_tokens=2,
+        SPEC,
     )
     pw, full = CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
     assert runner.target.cudagraph_manager.captured_sizes == {pw: [1, 2, 4, 8], full: [3, 6]}
@@ -275,28 +276,23 @@ def test_the_most_speculative_tokens_the_toy_allows_run(device):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("config", "make_spec", "message"),
     [
-        ({"num_speculative_tokens": 0}, "nothing to draft"),
-        ({"num_speculative_tokens": -1}, "at least 0"),
-        ({"num_speculative_tokens": 2, "frozen_step_index": "yes"}, "True or False"),
-        ({"num_speculative_tokens": 2, "draft_layers": "attn,mamba"}, "unknown layer kind"),
+        (ToyConfig(max_model_len=48), lambda: SpeculativeConfig(0), "nothing to draft"),
+        (ToyConfig(max_model_len=48), lambda: SpeculativeConfig(-1), "at least 0"),
+        (ToyConfig(max_model_len=48), lambda: SpeculativeConfig(2, draft_layer_pairs("attn,mamba")), "unknown layer"),
+        (ToyConfig(max_model_len=16), lambda: SpeculativeConfig(16), "does not fit: a verification step writes 17"),
+        (ToyConfig(layers="attn,linear_attn"), lambda: SPEC, "does not support linear_attn"),
+        (ToyConfig(), lambda: SpeculativeConfig(2, draft_layer_pairs("linear_attn")), "does not support linear_attn"),
     ],
 )
-def test_bad_speculative_settings_are_refused(kwargs, message):
+def test_bad_speculative_settings_are_refused(config, make_spec, message):
     with pytest.raises(ConfigError, match=message):
-        SpecDecodeRunner(ToyConfig(max_model_len=48), "none", **kwargs)
-
-
-def test_speculative_tokens_that_do_not_fit_the_requests_are_refused():
-    with pytest.raises(ConfigError, match="does not fit: a verification step writes 17 tokens"):
-        SpecDecodeRunner(ToyConfig(max_model_len=16), "none", num_speculative_tokens=16)
-    with pytest.raises(ConfigError, match="capture size"):  # K + 1 per request: before any runner is built
-        run_spec_repro("piecewise", SpeculativeConfig(1000))
+        SpecDecodeRunner(config, "none", make_spec())
 
 
 def test_bad_requests_in_a_step_are_refused():
-    runner = SpecDecodeRunner(ToyConfig(max_model_len=48), "none", num_speculative_tokens=2)
+    runner = SpecDecodeRunner(ToyConfig(max_model_len=48), "none", SPEC)
     runner.add_request("a", [1, 2, 3])
     with pytest.raises(ConfigError, match="more than once"):
         runner.step(["a", "a"])

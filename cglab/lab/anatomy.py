@@ -36,10 +36,8 @@ class Piece:
 
 def _op_of_impl() -> dict[CodeType, str]:
     """The code of each cglab custom op's Python body -> the op's name (``"cglab::short_conv"``)."""
-    impls = {
-        name: custom_op_impl(getattr(torch.ops.cglab, name.split("::")[1]).default) for name in registered_op_names()
-    }
-    return {inspect.unwrap(impl).__code__: name for name, impl in impls.items() if impl is not None}
+    impls = {op: custom_op_impl(getattr(torch.ops.cglab, op.split("::")[1]).default) for op in registered_op_names()}
+    return {inspect.unwrap(impl).__code__: op for op, impl in impls.items() if impl is not None}
 
 
 def _eager_op(step: EagerStep) -> str:
@@ -202,9 +200,8 @@ class _ReplayTracer:
             return "EagerStep.replay"
         if name == "replay" and isinstance(this, CapturedGraph):  # under a wrapper: the wrapper says it
             caller = next(f for f, listed in reversed(self.stack) if listed).f_locals.get("self")
-            return (
-                None if isinstance(caller, CUDAGraphWrapper) else "CapturedGraph.replay: the recorded steps, in order"
-            )
+            if not isinstance(caller, CUDAGraphWrapper):
+                return "CapturedGraph.replay: the recorded steps, in order"
         if name == "forward" and isinstance(this, CUDAGraphWrapper):
             mode = get_forward_context().cg_mode
             what = "replays its graph for this descriptor"

@@ -102,10 +102,8 @@ def describe_dispatch(
         f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
         "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode",
     ]
-    for i, row in enumerate(rows):
-        lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-        if i == 0:
-            lines.append("-+-".join("-" * w for w in widths))
+    lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(3, "-+-".join("-" * w for w in widths))  # under the header
     return "\n".join(lines)
 
 

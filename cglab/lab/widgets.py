@@ -154,8 +154,7 @@ def divergence_runs(
 ) -> dict[str, ReproResult]:
     """The explorer's runs by label: the chosen case and, for the legacy path, the fixed one beside it (one run,
     named by its mode, where ``divergence_control_state`` turns the switches off)."""
-    if steps is None:
-        steps = CHUNKED_STEPS if chunked_prefill else DECODE_STEPS
+    steps = steps or (CHUNKED_STEPS if chunked_prefill else DECODE_STEPS)
     chunk = PREFILL_CHUNK if chunked_prefill else 0
     options: dict[str, Any] = {"layers": layers, "steps": steps, "prefill_chunk": chunk, "device": device}
     if divergence_control_state({"mode": mode})[0]:  # the switches change nothing here: one run, no switch named
@@ -273,9 +272,8 @@ def latency_explorer(
     """Replay latency against batch size for the chosen modes and batch sizes (None: all)."""
     from cglab.lab.plots import plot_latency
 
-    missing = [
-        what for what, chosen in (("mode", modes), ("batch size", batch_sizes)) if chosen is not None and not chosen
-    ]
+    chosen = {"mode": modes, "batch size": batch_sizes}
+    missing = [what for what, picked in chosen.items() if picked is not None and not picked]
     if missing:  # a line asking for one, in frameless axes: IPython shows a figure with no axes as text only
         fig = Figure(figsize=(7, 0.4), dpi=DPI)
         ax = fig.add_axes((0, 0, 1, 1))
@@ -298,14 +296,9 @@ def interactive_latency_explorer(result: BenchResult) -> Any:
 
     options = {"modes": result.modes, "batch_sizes": sorted({r["batch_size"] for r in result.rows})}
     # Every option in view (up to 10 rows): the lists show 5 by default, and a mode below them goes unseen.
+    select = functools.partial(widgets.SelectMultiple, tooltip=MULTI_SELECT_HINT)
     controls = {
-        name: widgets.SelectMultiple(
-            options=choices,
-            value=tuple(choices),
-            description=name.replace("_", " "),
-            rows=min(len(choices), 10),
-            tooltip=MULTI_SELECT_HINT,
-        )
-        for name, choices in options.items()
+        name: select(options=values, value=tuple(values), description=name.replace("_", " "), rows=min(len(values), 10))
+        for name, values in options.items()
     }
     return interactive(latency_explorer, controls, hint=MULTI_SELECT_HINT, result=result)

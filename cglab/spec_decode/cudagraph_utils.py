@@ -15,6 +15,7 @@ PIECEWISE draft prefill captured without metadata; FULL-only draft decode always
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,20 +23,11 @@ import torch
 from cglab.batch import BatchExecutionDescriptor
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation_config import CompilationConfig
-from cglab.config import CUDAGraphMode
 from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, create_capture_forward
 from cglab.metadata import AttentionGroup
 
 # What a captured drafter routine is: run it for a descriptor and the requests its dummy batch holds.
 DraftRoutine = Callable[[BatchExecutionDescriptor, int], torch.Tensor]
-
-
-def draft_decode_mode(cudagraph_mode: CUDAGraphMode) -> CUDAGraphMode:
-    """The policy of the draft decode graphs: FULL uniform decode where the target decodes in FULL,
-    else eager (a PIECEWISE draft decode is not supported)."""
-    if cudagraph_mode.decode_mode() is CUDAGraphMode.FULL:
-        return CUDAGraphMode.FULL_DECODE_ONLY
-    return CUDAGraphMode.NONE
 
 
 class SpeculatorCudaGraphManager(CudaGraphManager):
@@ -45,25 +37,18 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
     def capture_routine(
         self,
         routine: DraftRoutine,
-        input_buffers: InputBuffers,
-        block_tables: BlockTables,
+        buffers: InputBuffers,
+        tables: BlockTables,
         attn_groups: Sequence[AttentionGroup],
         reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
-        compilation_config: CompilationConfig,
+        cc: CompilationConfig,
     ) -> None:
         """Capture ``routine`` for every descriptor of the dispatcher; ``reads(metadata)``: what it reads from
         outside its graph, checked before each replay."""
 
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
             return create_capture_forward(
-                desc,
-                self.dispatcher.max_num_reqs,
-                input_buffers,
-                block_tables,
-                attn_groups,
-                compilation_config,
-                lambda num_reqs: routine(desc, num_reqs),
-                reads,
+                desc, self.dispatcher.max_num_reqs, buffers, tables, attn_groups, cc, partial(routine, desc), reads
             )
 
         with torch.inference_mode():

@@ -17,6 +17,8 @@ adds the whole embedding instead, and the drafts stop agreeing with the target. 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -49,9 +51,9 @@ class InputFusion(nn.Module):
         self.register_buffer("conv_state", torch.zeros(config.num_slots + 1, config.hidden_size), persistent=False)
 
     def forward(self, target_hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        change = torch.empty_like(embedded)
-        short_conv(embedded, change, self.conv_state, self.conv_weight, self.layer_name, self.strict)
-        return target_hidden + change
+        delta = torch.empty_like(embedded)
+        short_conv(embedded, delta, self.conv_state, self.conv_weight, self.layer_name, self.strict)
+        return target_hidden + delta
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"conv_state": self.conv_state[:-1]}
@@ -61,14 +63,14 @@ class DraftModel(nn.Module):
     """The target's embeddings and LM head around a fusion conv and decoder layers of its own.
 
     The embeddings and head are the target's very modules, not copies (EAGLE and MTP heads share
-    them). The decoder layers' weights are seeded by ``seed``.
+    them). ``layer_pairs``: ``draft_layer_pairs``'s; the decoder layers' weights are seeded by ``seed``.
     """
 
     def __init__(
-        self, config: ToyConfig, layers: str | tuple[str, ...] | list[str], target: ToyTransformer, seed: int
+        self, config: ToyConfig, layer_pairs: Sequence[tuple[str, str]], target: ToyTransformer, seed: int
     ) -> None:
         super().__init__()
-        self.layer_pairs = draft_layer_pairs(layers)
+        self.layer_pairs = layer_pairs
         self.max_position = config.max_model_len - 1
         self.embed_tokens, self.embed_positions = target.embed_tokens, target.embed_positions
         self.norm, self.lm_head = target.norm, target.lm_head

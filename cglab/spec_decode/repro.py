@@ -10,6 +10,7 @@ a lower acceptance rate, fewer tokens per step, a silent loss of speed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import ToyConfig
@@ -25,7 +26,7 @@ from cglab.repro import (
     repro_config,
 )
 from cglab.spec_decode.draft_model import DRAFT_PREFIX
-from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, SpecStepOutput
+from cglab.spec_decode.runner import SpecDecodeRunner, SpecStepOutput
 
 
 def run_spec_repro(
@@ -42,22 +43,20 @@ def run_spec_repro(
 ) -> ReproResult:
     """Prefill every prompt eagerly, one request a step (every engine's speculative steps start from the
     same caches), then run ``steps`` speculative steps of the first ``batch_sizes[i % len]`` requests.
-    ``speculative_config``: K and the drafter's layers (``draft_layer_pairs``; none: ``DEFAULT_DRAFT_LAYERS``);
-    ``frozen_step_index``: see ``AutoRegressiveSpeculator``; the rest as ``run_repro``."""
+    ``speculative_config``, ``frozen_step_index``: as ``SpecDecodeRunner``'s; the rest as ``run_repro``."""
     cc, k = CompilationConfig.of(compilation_config), speculative_config.num_speculative_tokens
     config = repro_config(
         config or ToyConfig(), cc, batch_sizes, steps, num_speculative_tokens=k, max_num_reqs=max_num_reqs
     )
     result = new_result(cc, config, steps, num_speculative_tokens=k)
-    draft_layers = [kind for _, kind in speculative_config.draft_layers[1:]] or DEFAULT_DRAFT_LAYERS
-    common = {"num_speculative_tokens": k, "draft_layers": draft_layers, "device": device}
+    eager = partial(SpecDecodeRunner, config, "none", speculative_config, device=device)
     # The graph runner first: it checks the device before it builds anything.
     try:
-        runner = SpecDecodeRunner(config, cc, frozen_step_index=frozen_step_index, **common)
+        runner = SpecDecodeRunner(config, cc, speculative_config, frozen_step_index=frozen_step_index, device=device)
     except CaptureError as exc:  # a strict layer refusing to capture is a finding, not a crash
-        return failed_capture(result, exc, SpecDecodeRunner(config, "none", **common).target, cc, k + 1)
+        return failed_capture(result, exc, eager().target, cc, k + 1)
     describe_runner(result, runner.target)
-    shadow, reference = SpecDecodeRunner(config, "none", **common), SpecDecodeRunner(config, "none", **common)
+    shadow, reference = eager(), eager()
     prompts, _ = make_workload(config, steps, num_requests=max(batch_sizes))
     engines = (runner, shadow, reference)
     outputs: dict[str, list[SpecStepOutput]] = {"runner": [], "reference": []}

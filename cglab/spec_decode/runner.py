@@ -38,23 +38,24 @@ class SpecStepOutput:
 
 
 class SpecDecodeRunner:
-    """Speculative decoding with ``num_speculative_tokens`` drafts per step and greedy verification; the
-    target ``ModelRunner`` gets ``compilation_config`` and the drafter captures with the same settings. As in
-    vLLM's model runner v2, FULL uniform-decode graphs round the capture sizes up to multiples of ``K + 1``.
-    ``frozen_step_index``: a toy analogue of vLLM #48892 (see ``AutoRegressiveSpeculator``)."""
+    """Speculative decoding with greedy verification: the target ``ModelRunner`` gets ``compilation_config``
+    and the drafter captures with the same settings. ``speculative_config``: K and the drafter's layers
+    (``draft_layer_pairs``; none: ``DEFAULT_DRAFT_LAYERS``). As in vLLM's model runner v2, FULL uniform-decode
+    graphs round the capture sizes up to multiples of ``K + 1``. ``frozen_step_index``: a toy analogue of
+    vLLM #48892 (see ``AutoRegressiveSpeculator``)."""
 
     def __init__(
         self,
         config: ToyConfig,
-        compilation_config: CompilationConfig | str | CUDAGraphMode = "none",
+        compilation_config: CompilationConfig | str | CUDAGraphMode,
+        speculative_config: SpeculativeConfig,
         *,
-        num_speculative_tokens: int,
-        draft_layers: str | Sequence[str] = DEFAULT_DRAFT_LAYERS,
         frozen_step_index: bool = False,
         device: str | torch.device = "cpu",
     ) -> None:
-        spec = SpeculativeConfig(num_speculative_tokens)  # checks K
-        k = spec.num_speculative_tokens
+        spec, k = speculative_config, speculative_config.num_speculative_tokens
+        if not spec.draft_layers:
+            spec = dataclasses.replace(spec, draft_layers=draft_layer_pairs(DEFAULT_DRAFT_LAYERS))
         # A request holds at least one prompt token, then K + 1 tokens are verified at a time.
         if k + 2 > config.max_model_len or k + 1 > config.max_num_batched_tokens:
             raise ConfigError(
@@ -62,31 +63,21 @@ class SpecDecodeRunner:
                 f"per request after its prompt, but max_model_len is {config.max_model_len} and "
                 f"max_num_batched_tokens {config.max_num_batched_tokens}; use fewer speculative tokens"
             )
-        pairs = draft_layer_pairs(draft_layers)
         # One recurrent state per request would absorb the drafts that verification rejects: the toy keeps
         # no earlier state to go back to.
-        if "linear_attn" in config.layers or any(kind == "linear_attn" for _, kind in pairs):
+        if "linear_attn" in config.layers or any(kind == "linear_attn" for _, kind in spec.draft_layers):
             raise ConfigError(
                 "speculative decoding does not support linear_attn layers (target or drafter): their one state "
                 "per request would absorb the rejected drafts; use attn, sconv or compressor layers"
             )
         self.config = config
-        self.num_speculative_tokens = k
-        self.target = ModelRunner(
-            config, compilation_config, device=device, speculative_config=dataclasses.replace(spec, draft_layers=pairs)
-        )
+        self.target = ModelRunner(config, compilation_config, device=device, speculative_config=spec)
         # The draft layers' weights differ from the target's, as a real drafter's would.
-        self.speculator = AutoRegressiveSpeculator(
-            self.target, k, draft_layers, seed=config.seed + 1, frozen_step_index=frozen_step_index
-        )
+        self.speculator = AutoRegressiveSpeculator(self.target, spec, config.seed + 1, frozen_step_index)
         self.prompts: dict[str, list[int]] = {}
         self.next_token: dict[str, int] = {}  # each request's latest token, not yet run through the target
         self.drafts: dict[str, list[int]] = {}  # the drafter's proposals for the tokens after it
         self.outputs: dict[str, list[int]] = {}  # every token a request generated, in order
-
-    @property
-    def backend_name(self) -> str:
-        return self.target.backend_name
 
     def add_request(self, req_id: str, prompt: Sequence[int]) -> None:
         """Admit a request; its first step carries the whole prompt."""

@@ -29,12 +29,13 @@ import torch
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher
 from cglab.buffers import InputBuffers, write_padded
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
+from cglab.compilation_config import SpeculativeConfig
 from cglab.config import CUDAGraphMode
 from cglab.cudagraph_utils import graph_reads, tensor_source
 from cglab.forward_context import set_forward_context
 from cglab.metadata import build_attn_groups
 from cglab.runner import ModelRunner, PreparedStep, prepare_inputs
-from cglab.spec_decode.cudagraph_utils import SpeculatorCudaGraphManager, draft_decode_mode
+from cglab.spec_decode.cudagraph_utils import SpeculatorCudaGraphManager
 from cglab.spec_decode.draft_model import DraftModel
 
 NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
@@ -45,20 +46,12 @@ class AutoRegressiveSpeculator:
     does): its model, buffers, builders and two graph sets, captured after the target's with the target's
     resolved ``compilation_config`` and graph backend (one memory pool)."""
 
-    def __init__(
-        self,
-        target: ModelRunner,
-        num_speculative_tokens: int,
-        draft_layers: str | Sequence[str],
-        *,
-        seed: int,
-        frozen_step_index: bool = False,
-    ) -> None:
+    def __init__(self, target: ModelRunner, spec: SpeculativeConfig, seed: int, frozen_step_index: bool) -> None:
         config, cc = target.config, target.compilation_config
         self.target, self.compilation_config = target, cc
-        self.num_speculative_tokens = num_speculative_tokens
+        self.num_speculative_tokens = k = spec.num_speculative_tokens
         self.frozen_step_index = frozen_step_index
-        self.model = DraftModel(config, draft_layers, target.model, seed)
+        self.model = DraftModel(config, spec.draft_layers, target.model, seed)
         self.forward_model: Any = self.model
         device = target.device
         # Draft decode writes all its inputs here; draft prefill only ids and positions (its metadata
@@ -70,25 +63,23 @@ class AutoRegressiveSpeculator:
         )
         self.vocab_size = config.vocab_size
         self.attn_groups = build_attn_groups(config, device, layers=self.model.layer_pairs)  # draft decode's own
-        self.draft_tokens = torch.zeros(config.max_num_reqs, num_speculative_tokens, dtype=torch.long, device=device)
+        self.draft_tokens = torch.zeros(config.max_num_reqs, k, dtype=torch.long, device=device)
         self.last_token_indices = torch.zeros(config.max_num_reqs, dtype=torch.long, device=device)
         self.current_draft_step = torch.zeros((), dtype=torch.long, device=device)
         mode, sizes = cc.cudagraph_mode, cc.cudagraph_capture_sizes
-        self.prefill_dispatcher = CudagraphDispatcher(
-            mode, sizes, config.max_num_reqs, decode_query_len=num_speculative_tokens + 1
-        )
-        self.decode_dispatcher = CudagraphDispatcher(draft_decode_mode(mode), sizes, config.max_num_reqs)
+        self.prefill_dispatcher = CudagraphDispatcher(mode, sizes, config.max_num_reqs, decode_query_len=k + 1)
+        # Draft decode: FULL uniform-decode graphs where the target decodes in FULL, else eager (a PIECEWISE
+        # draft decode is not supported).
+        decode_mode = CUDAGraphMode.FULL_DECODE_ONLY if mode.decode_mode() is FULL else NONE
+        self.decode_dispatcher = CudagraphDispatcher(decode_mode, sizes, config.max_num_reqs)
         self.prefill_manager: SpeculatorCudaGraphManager | None = None
         self.decode_manager: SpeculatorCudaGraphManager | None = None
         backend = target.graph_backend
         if backend is not None:  # one compilation config for both models, as in vLLM
             self.forward_model = build_forward_model(self.model, cc, backend)
-            self.prefill_manager = SpeculatorCudaGraphManager(
-                backend, self.prefill_dispatcher, cc.check_addresses, not cc.use_breakable_cg
-            )
-            self.decode_manager = SpeculatorCudaGraphManager(
-                backend, self.decode_dispatcher, cc.check_addresses, not cc.use_breakable_cg
-            )
+            checks = (cc.check_addresses, not cc.use_breakable_cg)
+            self.prefill_manager = SpeculatorCudaGraphManager(backend, self.prefill_dispatcher, *checks)
+            self.decode_manager = SpeculatorCudaGraphManager(backend, self.decode_dispatcher, *checks)
             self.capture()
 
     # ------------------------------------------------------------ capture
@@ -131,12 +122,8 @@ class AutoRegressiveSpeculator:
         )
 
     def _source(self, name: str) -> str:
-        return tensor_source(
-            name,
-            [*self.target.attn_groups, *self.attn_groups],
-            self.model.state_tensors(),
-            " (AutoRegressiveSpeculator buffers)",
-        )
+        groups = [*self.target.attn_groups, *self.attn_groups]
+        return tensor_source(name, groups, self.model.state_tensors(), " (AutoRegressiveSpeculator buffers)")
 
     # ------------------------------------------------------------ the routines
     def _run_model(self, num_tokens: int) -> torch.Tensor:
