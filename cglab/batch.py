@@ -1,7 +1,5 @@
-"""Input batches, the graph key (``BatchExecutionDescriptor``) and dispatch of a batch to a graph.
-
-vLLM: ``vllm/v1/worker/gpu/input_batch.py`` and the dispatch in ``cudagraph_utils.py``.
-"""
+"""Input batches, the graph key (``BatchExecutionDescriptor``) and dispatch of a batch to a graph
+(vLLM: ``vllm/v1/worker/gpu/input_batch.py`` and the dispatch in ``cudagraph_utils.py``)."""
 
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ class InputBatch:
         num_tokens_after_padding: int,
         num_reqs_after_padding: int,
     ) -> InputBatch:
-        """Write a real batch into ``input_buffers`` (in place) and describe it. ``input_ids=None``
-        keeps the ids already in the buffer (see ``InputBuffers.write``)."""
+        """Write a real batch into ``input_buffers`` in place (``input_ids=None``: keep the ids) and describe it."""
         num_tokens = sum(query_lens)
         query_start_loc = [0]
         positions: list[int] = []
@@ -80,8 +77,7 @@ class InputBatch:
 
     @classmethod
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
-        """A capture batch: query lengths split evenly (the rest on the last requests, or all of it on the
-        last one as before vLLM #49751), ``seq_lens`` equal to them, token ids and positions zero."""
+        """A capture batch: query lengths from ``dummy_query_lens``, ``seq_lens`` equal to them, ids and positions 0."""
         query_lens = dummy_query_lens(num_reqs, num_tokens, input_buffers.pre_49751_dummy_split)
         query_start_loc = [0]
         for q in query_lens:
@@ -113,12 +109,9 @@ class InputBatch:
 
 
 def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool) -> int | None:
-    """The tokens every request has in a uniform decode batch, else None (vLLM's function of this name):
-    equal query lengths and no request still prefilling, vLLM's rule as of PR #51865 (August 2026).
-    Before it the shape alone decided, so a prompt chunk shaped like decode took a decode graph. Newer
-    vLLM code passes ``decode_graph_eligible`` instead of ``has_prefill``
-    (``vllm/v1/worker/gpu/input_batch.py``): a prompt row with one new token over cached context,
-    which computes exactly like a decode, no longer disqualifies the batch. The toy keeps #51865's rule."""
+    """The tokens every request has in a uniform decode batch, else None (vLLM's function of this name): equal
+    query lengths and no request still prefilling, vLLM's rule as of PR #51865 (before it, the shape alone).
+    Newer vLLM passes ``decode_graph_eligible`` instead (``vllm/v1/worker/gpu/input_batch.py``)."""
     max_query_len = max(query_lens)
     if has_prefill or sum(query_lens) != max_query_len * len(query_lens):
         return None
@@ -126,23 +119,17 @@ def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool)
 
 
 def uniform_decode_sizes(capture_sizes: Sequence[int], decode_query_len: int, max_num_reqs: int) -> list[int]:
-    """The token counts of the FULL uniform-decode graphs, as vLLM's model runner v2 derives them
-    (``CudaGraphManager._init_candidates``): each capture size rounded up to a multiple of
-    ``decode_query_len`` (``K + 1`` under speculative decoding), kept if it is at most the largest capture
-    size and holds at most ``max_num_reqs`` requests, each once. The other graphs keep the sizes given."""
+    """The token counts of the FULL uniform-decode graphs (vLLM: ``CudaGraphManager._init_candidates``): each
+    capture size rounded up to a multiple of ``decode_query_len``, kept if within the largest and ``max_num_reqs``."""
     largest = max(capture_sizes, default=0)
     rounded = {-(-size // decode_query_len) * decode_query_len for size in capture_sizes}
     return sorted(n for n in rounded if n <= largest and n // decode_query_len <= max_num_reqs)
 
 
 class CudagraphDispatcher:
-    """Maps a batch to the graph that serves it (vLLM model runner v2: ``cudagraph_utils.py``).
-
-    The policy decides the graphs (FULL_AND_PIECEWISE: uniform-decode FULL graphs, at
-    ``uniform_decode_sizes``, plus PIECEWISE ones at the capture sizes). Candidates are precomputed per
-    token count: per mode the smallest size that holds the tokens, FULL first (so a uniform decode batch
-    pads up to a FULL graph before it takes a smaller PIECEWISE one, as since vLLM PR #53407); the first
-    compatible one wins, none runs eagerly."""
+    """Maps a batch to the graph that serves it (vLLM model runner v2: ``cudagraph_utils.py``). Per token
+    count, the candidates are per mode the smallest size that holds the tokens, FULL first (a uniform decode
+    batch pads up to a FULL graph before a smaller PIECEWISE one, vLLM PR #53407); the first compatible wins."""
 
     def __init__(
         self, policy: CUDAGraphMode, capture_sizes: Sequence[int], max_num_reqs: int, decode_query_len: int = 1
@@ -183,8 +170,7 @@ class CudagraphDispatcher:
         return list(self._candidates[num_tokens]) if 0 < num_tokens < len(self._candidates) else []
 
     def capture_descriptors(self) -> list[BatchExecutionDescriptor]:
-        """Every graph to capture: PIECEWISE first (larger activations, so FULL fits in the same pool
-        afterwards), then FULL; within a mode, largest first so smaller graphs reuse its memory."""
+        """Every graph to capture: PIECEWISE first, then FULL; largest first, so smaller graphs reuse its memory."""
         return [
             d
             for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
@@ -192,8 +178,7 @@ class CudagraphDispatcher:
         ]
 
     def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None) -> BatchExecutionDescriptor:
-        """The descriptor for a real batch (NONE: run eagerly). ``uniform_token_count``: the tokens
-        every request has, for a uniform decode batch; None for any other batch."""
+        """The descriptor for a real batch (NONE: run eagerly); ``uniform_token_count``: None unless uniform decode."""
         for desc in self.candidates(num_tokens):
             if desc.is_compatible(num_reqs, num_tokens, uniform_token_count):
                 return desc

@@ -7,9 +7,6 @@ from collections.abc import Sequence
 
 import torch
 
-from cglab.config import check_int
-from cglab.errors import ConfigError
-
 # Padded token rows get this slot: in-graph stateful kernels must not store them anywhere real.
 # Every paged cache in cglab has one spare row at the end, and -1 indexes exactly that row, so a
 # branch-free kernel writes padding there (a real kernel skips `slot < 0` rows instead).
@@ -28,15 +25,10 @@ def write_padded(dst: torch.Tensor, values: Sequence[int] | torch.Tensor, fill: 
 def prepare_dcp_local_seq_lens(
     out: torch.Tensor, seq_lens: torch.Tensor, num_reqs: int, dcp_size: int, dcp_rank: int, cp_interleave: int = 1
 ) -> None:
-    """Write into the persistent buffer ``out`` each request's KV length on one decode context parallel
-    (DCP) rank; rows past ``num_reqs`` get 0 (vLLM: ``prepare_dcp_local_seq_lens``, ``gpu/cp_utils.py``).
-
-    DCP deals a request's tokens to ``dcp_size`` ranks in turn, ``cp_interleave`` at a time: rank ``r``
-    holds ``cp_interleave`` tokens of every full round and its share of the last one. Device arithmetic
-    only, no host read, so a graph can record it. The toy itself runs one rank."""
-    check_int("cp_interleave", cp_interleave)
-    if not 0 <= dcp_rank < check_int("dcp_size", dcp_size):
-        raise ConfigError(f"dcp_rank must be from 0 to dcp_size - 1 ({dcp_size - 1}), got {dcp_rank!r}")
+    """Write into ``out`` each request's KV length on one decode context parallel (DCP) rank, 0 past
+    ``num_reqs`` (vLLM: ``gpu/cp_utils.py``). DCP deals a request's tokens to ``dcp_size`` ranks in turn,
+    ``cp_interleave`` at a time. Device arithmetic only, so a graph can record it; the toy runs one rank."""
+    assert 0 <= dcp_rank < dcp_size
     per_round = dcp_size * cp_interleave
     lens = seq_lens[:num_reqs]
     last = (lens % per_round - dcp_rank * cp_interleave).clamp(0, cp_interleave)
@@ -45,8 +37,7 @@ def prepare_dcp_local_seq_lens(
 
 
 class InputBuffers:
-    """Token ids, positions, query start locations and sequence lengths, allocated once.
-    ``pre_49751_dummy_split``: ``InputBatch.make_dummy`` splits its tokens as before vLLM PR #49751."""
+    """Token ids, positions, query start locations and sequence lengths, allocated once."""
 
     def __init__(
         self, max_num_reqs: int, max_num_tokens: int, device: torch.device, pre_49751_dummy_split: bool = False
@@ -68,8 +59,8 @@ class InputBuffers:
         num_tokens_padded: int,
         num_reqs_padded: int,
     ) -> None:
-        """Write one step in place (padding: id 0 at position 0, empty requests). ``input_ids=None`` keeps
-        the buffer's ids: a draft step writes them on the device, so the host never reads them back."""
+        """Write one step in place (padding: id 0 at position 0, empty requests); ``input_ids=None``: keep the ids
+        (a draft step writes them on the device)."""
         if input_ids is not None:
             write_padded(self.input_ids, input_ids, 0, num_tokens_padded)
         write_padded(self.positions, positions, 0, num_tokens_padded)

@@ -1,9 +1,5 @@
-"""How a difference from eager is judged and written, NaN-proof. Free of torch (the CLI imports it).
-
-A NaN fools the obvious code twice: ``d > tolerance`` is False for it, and Python's ``max`` drops a
-NaN that does not come first. A graph runner that produced NaN would then "match eager". So every
-verdict asks ``exceeds`` and ``worst``, and every JSON cglab prints goes through ``dumps``.
-"""
+"""How a difference from eager is judged and written, NaN-proof (``d > tolerance`` is False for a NaN, and
+``max`` may drop one): verdicts ask ``exceeds`` and ``worst``, JSON goes through ``dumps``. Free of torch."""
 
 from __future__ import annotations
 
@@ -34,15 +30,13 @@ class HasState(Protocol):
 
 
 def state_differences(runner: HasState, reference: HasState) -> dict[str, float]:
-    """Largest absolute difference of every cache and state tensor between two runners (``ModelRunner``
-    or ``SpecDecodeRunner``); NaN where either holds NaN (torch's ``max`` keeps it), inf or NaN for an inf."""
+    """Largest absolute difference of every cache and state tensor between two runners (NaN stays NaN)."""
     ref = reference.state_tensors()
     return {name: (t.float() - ref[name].float()).abs().max().item() for name, t in runner.state_tensors().items()}
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with each NaN or infinity as the string ``"nan"``, ``"inf"`` or ``"-inf"``, which
-    ``float()`` reads back: JSON has no such numbers, and strict parsers refuse a bare ``NaN``."""
+    """``value`` with each NaN or infinity as a string ``float()`` reads back: JSON has no such numbers."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):

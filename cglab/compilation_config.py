@@ -14,8 +14,7 @@ from cglab.config import (
     OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
-    check_num_speculative_tokens,
-    check_sizes,
+    check_int,
     dummy_longest_request,
     parse_names,
 )
@@ -35,23 +34,17 @@ COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
 
 @dataclass(frozen=True)
 class CompilationConfig:
-    """How the model is compiled and its CUDA graphs captured.
+    """How the model is compiled and its CUDA graphs captured; ``resolve`` fills every "auto" and None.
 
     ``cudagraph_mode``: a runtime mode or a policy (``"full_and_piecewise"`` is vLLM's default).
-    ``cudagraph_capture_sizes``: the token counts graphs are captured for (sorted; empty: none).
-    ``use_breakable_cg``: PIECEWISE as one breakable capture of the plain model, instead of
-    torch.compile pieces split at ``splitting_ops`` (None: the model's attention ops).
-    ``backend``: how compiled pieces are compiled; ``"auto"``: ``$CGLAB_COMPILE_BACKEND``, else inductor
-    on CUDA (vLLM's) and the FX piece as it is on the CPU (no C++ toolchain needed).
-    ``legacy_skip_attn``: capture with the code from before vLLM PR #49364 (the bug).
-    ``uniform_decode_by_shape``: classify a batch as uniform decode by its shape alone, as vLLM did
-    before PR #51865 (a prompt chunk of one token per request then takes a decode graph).
-    ``pre_49751_dummy_split``: the capture batch's split from before vLLM PR #49751 (the whole remainder
-    of the tokens to the last dummy request, which may then exceed ``max_model_len``): the revert of #49364.
-    ``graph_backend``: ``"sim"`` (the CPU simulator), ``"cuda"``, or ``"auto"`` by device.
-    ``check_addresses``: before every replay, check that each tensor a graph read at capture was
-    written in place (None: on for the simulator, off for real CUDA graphs, where it costs time).
-    ``cudagraph_mode_note``: set by ``resolve``: why the mode was lowered (None: it runs as asked).
+    ``use_breakable_cg``: PIECEWISE as one breakable capture of the plain model, instead of torch.compile
+    pieces split at ``splitting_ops`` (None: the model's attention ops). ``backend``: how pieces compile
+    (``"auto"``: ``$CGLAB_COMPILE_BACKEND``, else inductor on CUDA, the FX piece as it is on the CPU).
+    ``legacy_skip_attn``: capture as before vLLM PR #49364 (the bug). ``uniform_decode_by_shape``: a batch
+    is uniform decode by its shape alone, as before PR #51865. ``pre_49751_dummy_split``: the capture
+    batch's split from before PR #49751 (the revert of #49364). ``check_addresses``: check before every
+    replay that each tensor a graph read was written in place (None: on for the simulator only).
+    ``cudagraph_mode_note``: set by ``resolve``: why the mode was lowered.
     """
 
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.NONE
@@ -68,9 +61,15 @@ class CompilationConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CUDAGraphMode.parse(self.cudagraph_mode))
-        sizes = check_sizes(
-            "capture size", self.cudagraph_capture_sizes, example="(1, 2, 4, 8)", allow_empty=True, distinct=True
-        )
+        sizes = self.cudagraph_capture_sizes
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            raise ConfigError(
+                f"give the capture sizes as a list of positive integers such as (1, 2, 4, 8), got {sizes!r}"
+            )
+        for size in sizes:
+            check_int("every capture size", size)
+        if len(set(sizes)) != len(sizes):
+            raise ConfigError(f"capture sizes must be distinct, got {list(sizes)}; drop the duplicates")
         object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(sizes)))
         for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape", "pre_49751_dummy_split"):
             if not isinstance(getattr(self, name), bool):
@@ -86,8 +85,21 @@ class CompilationConfig:
             raise ConfigError(
                 f"unknown graph backend {self.graph_backend!r}; valid names: {', '.join(map(repr, GRAPH_BACKENDS))}"
             )
+        if self.splitting_ops is not None and self.use_breakable_cg:
+            raise ConfigError(
+                "splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
+                "graphs split where the eager-break functions are called (attention)"
+            )
         if self.splitting_ops is not None:
-            object.__setattr__(self, "splitting_ops", _parse_splitting_ops(self.splitting_ops, self.use_breakable_cg))
+            names = parse_names(
+                self.splitting_ops,
+                tuple(OP_OF_KIND.values()),
+                what="splitting_ops",
+                item="splitting op",
+                example="a list of op names such as ['cglab::unified_attention']",
+                if_empty="give one op or more; for one graph over the whole forward use mode 'full'",
+            )
+            object.__setattr__(self, "splitting_ops", tuple(dict.fromkeys(names)))
 
     @classmethod
     def of(cls, value: CompilationConfig | str | CUDAGraphMode) -> CompilationConfig:
@@ -101,10 +113,9 @@ class CompilationConfig:
         attn_groups: Sequence[AttentionGroup],
         decode_query_len: int = 1,
     ) -> CompilationConfig:
-        """A new config with nothing left to decide, for ``config`` on ``device`` with these metadata builders
-        (``decode_query_len``: ``K + 1`` under speculative decoding). The one place where "auto" and None
-        are resolved, as vLLM resolves its ``VllmConfig`` once at start-up; the mode is lowered to what the
-        least capable builder supports, and ``cudagraph_mode_note`` says why."""
+        """A new config with nothing left to decide, for ``config`` on ``device`` with these builders
+        (``decode_query_len``: ``K + 1`` under speculative decoding): the one place "auto" and None are
+        resolved, as vLLM resolves its ``VllmConfig`` once. The mode is lowered to what the builders support."""
         layer_ops = [OP_OF_KIND[k] for k in dict.fromkeys(config.layers)]
         if self.use_breakable_cg:
             ops: tuple[str, ...] = ()  # breakable graphs split where the model calls an eager break
@@ -168,7 +179,6 @@ class CompilationConfig:
         return resolved
 
     def _check_capture_sizes(self, config: ToyConfig) -> None:
-        """Every capture size fits a step, and its dummy capture batch's longest request fits a request."""
         sizes = self.cudagraph_capture_sizes
         if sizes and max(sizes) > config.max_num_batched_tokens:
             raise ConfigError(
@@ -211,9 +221,8 @@ def resolve_cudagraph_mode(
     splitting_ops_contain_attention: bool,
     uniform_decode_query_len: int = 1,
 ) -> tuple[CUDAGraphMode, str | None]:
-    """The mode to run when the least capable builder has ``min_support``, and a note saying what was
-    lowered and why (vLLM: ``resolve_cudagraph_mode_and_sizes``). Mixed FULL graphs need ``ALWAYS``, any
-    FULL graph more than ``NEVER``, and speculative decoding's FULL graphs ``UNIFORM_BATCH``."""
+    """The mode to run when the least capable builder has ``min_support``, and why it was lowered (vLLM:
+    ``resolve_cudagraph_mode_and_sizes``): mixed FULL graphs need ``ALWAYS``, speculative ones ``UNIFORM_BATCH``."""
     support = f"{builder_name}'s cudagraph_support is {min_support.name}"
     notes: list[str] = []
 
@@ -258,34 +267,15 @@ def resolve_cudagraph_mode(
     return resolved, "; then ".join(notes) or None
 
 
-def _parse_splitting_ops(value: object, use_breakable_cg: bool) -> tuple[str, ...]:
-    """Known op names, at least one, each once; compiled PIECEWISE only (the model's: ``resolve``)."""
-    if use_breakable_cg:
-        raise ConfigError(
-            "splitting_ops applies to piecewise_flavor='compiled' (use_breakable_cg=False); breakable "
-            "graphs split where the eager-break functions are called (attention)"
-        )
-    names = parse_names(
-        value,
-        tuple(OP_OF_KIND.values()),
-        what="splitting_ops",
-        item="splitting op",
-        example="a list of op names such as ['cglab::unified_attention']",
-        if_empty="compiled PIECEWISE splits at one op or more; for one graph over the whole forward use mode 'full'",
-    )
-    return tuple(dict.fromkeys(names))
-
-
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """What a target runner needs to serve a drafter: K (uniform decode batches hold ``K + 1`` tokens per
-    request) and the drafter's ``(layer name, kind)`` pairs, whose metadata the target builds too."""
+    """What a target runner needs to serve a drafter: K, and the drafter's ``(layer name, kind)`` pairs."""
 
     num_speculative_tokens: int
     draft_layers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if check_num_speculative_tokens(self.num_speculative_tokens) == 0:
+        if check_int("num_speculative_tokens", self.num_speculative_tokens, 0) == 0:
             raise ConfigError("num_speculative_tokens is 0: there is nothing to draft; use a plain ModelRunner")
         object.__setattr__(self, "draft_layers", tuple(tuple(pair) for pair in self.draft_layers))
 

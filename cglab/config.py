@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from cglab.errors import ConfigError
 
@@ -15,12 +15,9 @@ ATTENTION_KINDS = ("attn", "linear_attn")
 
 
 class CUDAGraphMode(enum.Enum):
-    """How a forward pass runs.
-
-    ``NONE``, ``PIECEWISE`` and ``FULL`` are *runtime* modes: what one step actually does.
-    ``FULL_DECODE_ONLY`` and ``FULL_AND_PIECEWISE`` are *policies* (vLLM's default is the latter):
-    uniform decode batches get ``decode_mode()``, mixed or prefill batches get ``mixed_mode()``.
-    """
+    """How a forward pass runs. ``NONE``, ``PIECEWISE`` and ``FULL`` are *runtime* modes (what a step does);
+    ``FULL_DECODE_ONLY`` and ``FULL_AND_PIECEWISE`` (vLLM's default) are *policies*: uniform decode batches
+    get ``decode_mode()``, the others ``mixed_mode()``."""
 
     NONE = "none"
     PIECEWISE = "piecewise"
@@ -62,9 +59,8 @@ class CUDAGraphMode(enum.Enum):
             raise ConfigError(f"unknown CUDA graph mode {value!r}; choose one of: {valid}") from None
 
 
-def check_int(name: str, value: object, low: int = 1, high: int | None = None, note: str = "") -> int:
-    """``value`` if it is an int (``True`` is not a size) from ``low`` to ``high``, else a ConfigError
-    naming ``name``; ``note`` goes before the value given."""
+def check_int(name: str, value: object, low: int = 1, high: int | None = None) -> int:
+    """``value`` if it is an int (``True`` is not a size) from ``low`` to ``high``, else a ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         wanted = (
             "a positive integer"
@@ -73,30 +69,8 @@ def check_int(name: str, value: object, low: int = 1, high: int | None = None, n
             if high is None
             else f"an integer from {low} to {high}"
         )
-        raise ConfigError(f"{name} must be {wanted}{note}, got {value!r}")
+        raise ConfigError(f"{name} must be {wanted}, got {value!r}")
     return value
-
-
-def check_sizes(
-    what: str,
-    sizes: object,
-    high: int | None = None,
-    *,
-    note: str = "",
-    example: str = "[1, 2, 4]",
-    allow_empty: bool = False,
-    distinct: bool = False,
-) -> tuple[int, ...]:
-    """A list of positive ints, each at most ``high``; ``what`` is one item's name ("capture size")."""
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise ConfigError(f"give the {what}s as a list of positive integers such as {example}, got {sizes!r}")
-    if not sizes and not allow_empty:
-        raise ConfigError(f"give at least one {what}")
-    for s in sizes:
-        check_int(f"every {what}", s, 1, high, note)
-    if distinct and len(set(sizes)) != len(sizes):
-        raise ConfigError(f"{what}s must be distinct, got {list(sizes)}; drop the duplicates")
-    return tuple(sizes)
 
 
 def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
@@ -108,8 +82,7 @@ def check_no_empty_item(what: str, given: object, items: Sequence[str]) -> None:
 def parse_names(
     value: object, valid: Sequence[str], *, what: str, item: str, example: str, if_empty: str, lower: bool = False
 ) -> tuple[str, ...]:
-    """``"a,b"`` or ``["a", "b"]`` as names from ``valid``, at least one; ``what`` names the list in errors,
-    ``item`` one name ("layer kind": "valid kinds")."""
+    """``"a,b"`` or ``["a", "b"]`` as names from ``valid``, at least one; ``what``, ``item``: for errors."""
     parts = value.split(",") if isinstance(value, str) else value
     if not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"{what} must be {example}, got {value!r}")
@@ -168,10 +141,8 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
 
 
 def dummy_query_lens(num_reqs: int, num_tokens: int, pre_49751: bool = False) -> list[int]:
-    """The query lengths of a dummy capture batch (``InputBatch.make_dummy``): an even split, with the
-    remainder spread one token each over the last ``num_tokens % num_reqs`` requests, so no request holds
-    more than ``ceil(num_tokens / num_reqs)`` tokens (vLLM PR #49751). ``pre_49751``: the split before
-    that PR, which gave the whole remainder to the last request."""
+    """The query lengths of a dummy capture batch: an even split, the remainder one token each on the last
+    requests (vLLM PR #49751); ``pre_49751``: all of the remainder on the last request, as before it."""
     base, extra = divmod(num_tokens, num_reqs)
     if pre_49751:
         return [base] * (num_reqs - 1) + [base + extra]
@@ -179,22 +150,8 @@ def dummy_query_lens(num_reqs: int, num_tokens: int, pre_49751: bool = False) ->
 
 
 def dummy_longest_request(num_tokens: int, max_num_reqs: int) -> int:
-    """Tokens in the longest request of the dummy batch a graph of ``num_tokens`` is captured on, with
-    as many requests as it may hold (``min(num_tokens, max_num_reqs)``)."""
+    """Tokens in the longest request of the dummy batch a graph of ``num_tokens`` is captured on."""
     return max(dummy_query_lens(min(num_tokens, max_num_reqs), num_tokens))
-
-
-def check_num_speculative_tokens(value: object) -> int:
-    """Draft tokens per step (0: none)."""
-    return check_int("num_speculative_tokens", value, 0, note=" (0: no speculative decoding)")
-
-
-MAX_SEED = 2**32 - 1
-
-
-def check_seed(seed: object) -> int:
-    """A seed is an integer from 0 to 2**32 - 1 (what numpy accepts too), so every tool can replay it."""
-    return check_int("seed", seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -224,19 +181,9 @@ class ToyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", parse_layer_pattern(self.layers))
-        for name in (
-            "hidden_size",
-            "num_heads",
-            "vocab_size",
-            "block_size",
-            "num_blocks",
-            "max_num_reqs",
-            "max_model_len",
-            "max_num_batched_tokens",
-            "sconv_kernel_size",
-            "compress_ratio",
-        ):
-            check_int(name, getattr(self, name))
+        for f in fields(self):
+            if f.type == "int" and f.name != "seed":  # every size
+                check_int(f.name, getattr(self, f.name))
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.block_size % self.compress_ratio:
@@ -244,7 +191,7 @@ class ToyConfig:
                 f"block_size ({self.block_size}) must be a multiple of compress_ratio ({self.compress_ratio}) "
                 "so that a compressed group never straddles two blocks"
             )
-        check_seed(self.seed)
+        check_int("seed", self.seed, 0, 2**32 - 1)  # what numpy accepts too, so every tool can replay it
         for name in ("strict_layers", "python_guards"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -267,8 +214,7 @@ class ToyConfig:
 
     @property
     def max_num_tokens(self) -> int:
-        """Rows in every per-token persistent buffer: the largest step (no graph is larger:
-        ``CompilationConfig.check_capture_sizes``)."""
+        """Rows in every per-token persistent buffer: the largest step (no graph is larger)."""
         return max(self.max_num_batched_tokens, self.max_num_reqs)
 
     @property

@@ -1,21 +1,7 @@
 """Capturing and replaying graphs (vLLM: ``vllm/v1/worker/gpu/cudagraph_utils.py``).
 
-Two versions of ``prepare_inputs_to_capture`` live here side by side, because the difference
-between them *is* the bug this suite teaches:
-
-* ``prepare_inputs_to_capture_legacy(..., skip_attn)``: before vLLM PR #49364. *Compiled* PIECEWISE
-  capture skipped metadata (``skip_attn = PIECEWISE and not use_breakable_cg``, so
-  ``attn_metadata = None``), reasoning that attention is not captured there; breakable PIECEWISE and
-  FULL got capture metadata (``for_capture=True``).
-* ``prepare_inputs_to_capture(..., full_cudagraph)``: after the fix. Metadata is always built, with
-  ``for_capture=full_cudagraph``.
-
-The fix gives two reasons. Attention-like ops inside the pieces need metadata to record their work
-at all (the toy's short conv and compressor, whose guard sits inside their custom op: a
-configuration the toy constructs). And the attention at the breaks runs eagerly at capture, on the
-dummy batch, which is prefill-shaped whenever a capture size exceeds ``max_num_reqs``: a builder that
-can build capture metadata only for uniform decode (``AttentionCGSupport``; the toy's ``linear_attn``)
-fails there with ``for_capture=True``, so breakable PIECEWISE changed too, to ``for_capture=False``.
+``prepare_inputs_to_capture_legacy`` (before vLLM PR #49364) and ``prepare_inputs_to_capture`` (after
+it) live side by side: the difference between them is the bug this suite teaches.
 """
 
 from __future__ import annotations
@@ -43,12 +29,13 @@ def _prepare_dummy(
     num_reqs: int, num_tokens: int, input_buffers: InputBuffers, block_tables: BlockTables
 ) -> tuple[InputBatch, torch.Tensor, torch.Tensor]:
     """A dummy batch whose slot mapping is all padding: warmup and capture store nothing real."""
-    input_batch = InputBatch.make_dummy(num_reqs, num_tokens, input_buffers)
-    return input_batch, block_tables.get_dummy_block_tables(num_reqs), block_tables.get_dummy_slot_mappings(num_tokens)
+    batch = InputBatch.make_dummy(num_reqs, num_tokens, input_buffers)
+    block_table = block_tables.get_dummy_block_tables(num_reqs)
+    return batch, block_table, block_tables.get_dummy_slot_mappings(num_tokens)
 
 
-# The three functions below are printed in notebooks 00b, 04 and 06: their lines stay within 100
-# characters, which a notebook's output area holds beside JupyterLab's file browser.
+# The functions below are printed in notebooks 00b, 04 and 06: their lines stay within 100 characters,
+# which a notebook's output area holds beside JupyterLab's file browser (tests/test_readability.py).
 def prepare_inputs_to_capture(
     num_reqs: int,
     num_tokens: int,
@@ -59,16 +46,15 @@ def prepare_inputs_to_capture(
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Inputs and metadata for capturing one graph (the fixed version, vLLM PR #49364).
 
-    Metadata is always built. FULL graphs get capture-safe metadata (``for_capture=True``).
-    PIECEWISE graphs get ordinary metadata (``for_capture=False``): attention runs for real on
-    this dummy batch at its eager break, where a builder may be unable to build capture metadata
-    for a prefill-shaped batch, and attention-like ops inside the segments (sconv, the compressor)
-    need metadata to record their work at all. Fragile: those ops keep reading the *storage* of
-    this metadata at every replay, so ordinary builders must write into persistent buffers.
+    Metadata is always built: capture-safe for FULL graphs, ordinary for PIECEWISE ones. Ops inside
+    the pieces (sconv, the compressor) need it to record their work; attention at the eager breaks
+    runs on this dummy batch, which may be prefill-shaped: a builder may build no capture metadata
+    for it. Fragile: the pieces read this metadata's storage at every replay, so builders must
+    write into persistent buffers.
     """
-    input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
-    attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=full_cudagraph)
-    return attn_metadata, slot_mapping
+    batch, block_table, slots = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
+    attn_metadata = prepare_attn(batch, block_table, slots, attn_groups, for_capture=full_cudagraph)
+    return attn_metadata, slots
 
 
 def prepare_inputs_to_capture_legacy(
@@ -79,19 +65,16 @@ def prepare_inputs_to_capture_legacy(
     attn_groups: Sequence[AttentionGroup],
     skip_attn: bool,
 ) -> tuple[dict[str, Any] | None, torch.Tensor]:
-    """The version *before* the fix, kept to reproduce the bug. Do not use it for anything else.
+    """The version *before* the fix, kept to reproduce the bug.
 
-    With ``skip_attn=True`` (what compiled PIECEWISE capture passed) no metadata is built.
-    Attention does not care: it is a splitting op, runs eagerly at replay and reads live metadata.
-    But guarded ops inside the pieces see ``None``, take their profiling branch, and the piece
-    records a no-op. Otherwise (FULL, breakable PIECEWISE) metadata is built capture-safe,
-    ``for_capture=True``.
+    ``skip_attn=True`` (compiled PIECEWISE capture) builds no metadata. Attention, a splitting op,
+    reads live metadata at replay; guarded ops inside the pieces see ``None`` and record a no-op.
     """
-    input_batch, block_table, slot_mapping = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
+    batch, block_table, slots = _prepare_dummy(num_reqs, num_tokens, input_buffers, block_tables)
     attn_metadata = None
     if not skip_attn:
-        attn_metadata = prepare_attn(input_batch, block_table, slot_mapping, attn_groups, for_capture=True)
-    return attn_metadata, slot_mapping
+        attn_metadata = prepare_attn(batch, block_table, slots, attn_groups, for_capture=True)
+    return attn_metadata, slots
 
 
 def prepare_capture_metadata(
@@ -102,9 +85,8 @@ def prepare_capture_metadata(
     attn_groups: Sequence[AttentionGroup],
     compilation_config: CompilationConfig,
 ) -> dict[str, Any] | None:
-    """The metadata ``desc``'s graph is captured with: the fixed path, or with ``legacy_skip_attn``
-    the code from before the fix. The target model and the speculative drafter both call this,
-    because vLLM PR #49364 changed both call sites the same way."""
+    """The metadata ``desc``'s graph is captured with: fixed, or as before PR #49364
+    (``legacy_skip_attn``). The target and the drafter both call it, as that PR changed both."""
     args = (num_reqs, desc.num_tokens, input_buffers, block_tables, attn_groups)
     piecewise = desc.cg_mode is CUDAGraphMode.PIECEWISE
     if not compilation_config.legacy_skip_attn:
@@ -120,8 +102,7 @@ def prepare_capture_metadata(
 
 
 def graph_reads(attn_metadata: Mapping[str, Any] | None, **buffers: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every tensor a forward reads from outside its graph, by name: the ``buffers`` given (inputs,
-    caches) plus each metadata field, as ``"layers.0.sconv.tap_slots"``."""
+    """Every tensor a forward reads from outside its graph: ``buffers`` plus each metadata field."""
     reads = dict(buffers)
     for layer_name, metadata in (attn_metadata or {}).items():
         if isinstance(metadata, torch.Tensor):
@@ -147,9 +128,7 @@ def tensor_source(name: str, attn_groups: Sequence[AttentionGroup], state_names:
 
 @dataclass
 class CaptureForward:
-    """A forward over one descriptor's dummy batch, run as ``forward(cg_mode)`` under a forward context
-    that carries its metadata, plus what it reads from outside the graph (see ``graph_reads``), so the
-    manager can check those addresses at replay."""
+    """A forward over one descriptor's dummy batch, ``forward(cg_mode)``, and what it reads (``graph_reads``)."""
 
     run: Callable[[CUDAGraphMode], torch.Tensor]
     reads: dict[str, torch.Tensor]
@@ -168,8 +147,7 @@ def create_capture_forward(
     run_model: Callable[[int], torch.Tensor],
     reads: Callable[[Mapping[str, Any] | None], dict[str, torch.Tensor]],
 ) -> CaptureForward:
-    """Prepare ``desc``'s dummy batch and its capture metadata; ``run_model(num_reqs)`` is what the graph
-    records. The target model and the drafter's routines are captured through this one function."""
+    """Prepare ``desc``'s dummy batch and metadata; the graph records ``run_model(num_reqs)`` (target or drafter)."""
     num_reqs = desc.num_reqs or min(desc.num_tokens, max_num_reqs)
     attn_metadata = prepare_capture_metadata(
         desc, num_reqs, input_buffers, block_tables, attn_groups, compilation_config
@@ -182,9 +160,8 @@ def create_capture_forward(
     return CaptureForward(forward, reads(attn_metadata))
 
 
-# ``(desc, warmup)``: a forward over ``desc``'s dummy batch, called twice per graph (warmup, then capture),
-# each time with fresh inputs and metadata: warmup may change its metadata (vLLM #42444 lost a kernel that
-# way; ``LazyPlanAttentionMetadataBuilder`` in ``cglab.metadata`` is that case, runnable under FULL).
+# ``(desc, warmup)``: a forward over ``desc``'s dummy batch, made fresh for warmup and for capture, since
+# warmup may change its metadata (vLLM #42444; ``LazyPlanAttentionMetadataBuilder`` in ``cglab.metadata``).
 ForwardFnFactory = Callable[[BatchExecutionDescriptor, bool], CaptureForward]
 
 
@@ -208,8 +185,7 @@ class CapturedEntry:
 
 @dataclass(frozen=True)
 class CaptureStats:
-    """What capturing every graph cost, as vLLM logs it at start-up: wall time, warmups included, and
-    memory in use after minus before (device memory on CUDA, resident memory on the simulator; None: unknown)."""
+    """What capturing every graph cost, as vLLM logs it: wall time (warmups included) and memory (None: unknown)."""
 
     seconds: float
     graphs: int
@@ -219,15 +195,10 @@ class CaptureStats:
 class CudaGraphManager:
     """Captures a graph per descriptor, all in one memory pool, and holds the FULL ones.
 
-    A FULL graph is the whole forward, run in mode NONE inside the capture, replayed by
-    ``run_fullgraph``. A PIECEWISE graph lives inside the model, in its ``CUDAGraphWrapper``s (one
-    per compiled piece, or one breakable wrapper around the model): capturing runs the model under a
-    PIECEWISE forward context and the wrappers capture; a PIECEWISE step runs the model again under
-    that context and they replay. ``shared_warmup``: compiled PIECEWISE warms up and captures with one
-    set of metadata, as vLLM does; every other capture prepares fresh metadata after its warmup.
-
-    ``check_addresses=True`` is a debug check: before each replay, every tensor a graph read at
-    capture, metadata included, must still live where it lived then (``check_reads``).
+    A FULL graph is the whole forward, replayed by ``run_fullgraph``. PIECEWISE graphs live in the
+    model's ``CUDAGraphWrapper``s, which capture and replay under a PIECEWISE forward context.
+    ``shared_warmup``: compiled PIECEWISE warms up and captures with one set of metadata, as vLLM does.
+    ``check_addresses``: before each replay, every tensor a graph read must live where it did (``check_reads``).
     """
 
     def __init__(
@@ -291,11 +262,22 @@ class CudaGraphManager:
         reads: Mapping[str, torch.Tensor],
         source: Callable[[str], str] = lambda name: "",
     ) -> None:
-        """Before a replay of ``desc``: every tensor its capture read (``graph_reads``) is still where it was;
-        ``source(name)`` says who produced one, for the error message."""
+        """Before a replay of ``desc``: every tensor its capture read is still where it was; ``source(name)``
+        says who produced one."""
         if desc not in self.addresses:
             raise self._not_captured(desc)
-        _check_addresses(desc, self.addresses[desc], reads, source)
+        captured = self.addresses[desc]
+        replaced = [n for n, t in reads.items() if n in captured and t.numel() and _address(t) != captured[n]]
+        if not replaced:
+            return
+        names = ", ".join(f"{name}{source(name)}" for name in replaced)
+        verb = "was" if len(replaced) == 1 else "were"
+        raise AddressChangedError(
+            f"{names} {verb} replaced by a new tensor instead of written in place, so the {desc} graph would "
+            "keep reading the storage it saw at capture (stale values, no error on a GPU). Write new values "
+            "into the existing tensor (`buffer[:n].copy_(values)`); a metadata builder must fill a buffer it "
+            "allocated once and return a view of it, as ShortConvMetadataBuilder does"
+        )
 
     def run_fullgraph(self, desc: BatchExecutionDescriptor) -> torch.Tensor:
         """Replay ``desc``'s FULL graph; its inputs must already be in the persistent buffers."""
@@ -330,22 +312,3 @@ class CudaGraphManager:
         self.graphs.clear()
         self._keepalive.clear()
         self.released = True
-
-
-def _check_addresses(
-    desc: BatchExecutionDescriptor,
-    captured: Mapping[str, _Address],
-    reads: Mapping[str, torch.Tensor],
-    source: Callable[[str], str],
-) -> None:
-    replaced = [name for name, t in reads.items() if name in captured and t.numel() and _address(t) != captured[name]]
-    if not replaced:
-        return
-    names = ", ".join(f"{name}{source(name)}" for name in replaced)
-    verb = "was" if len(replaced) == 1 else "were"
-    raise AddressChangedError(
-        f"{names} {verb} replaced by a new tensor instead of written in place, so the {desc} graph would "
-        "keep reading the storage it saw at capture (stale values, no error on a GPU). Write new values "
-        "into the existing tensor (`buffer[:n].copy_(values)`); a metadata builder must fill a buffer it "
-        "allocated once and return a view of it, as ShortConvMetadataBuilder does"
-    )

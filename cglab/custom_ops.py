@@ -1,6 +1,5 @@
-"""The toy's kernels as torch custom ops (vLLM: ``direct_register_custom_op``). Dynamo never traces
-inside one, so a ``metadata is None`` guard in an op is decided when it runs (at capture too), and the
-backend finds the ``splitting_ops`` in the FX graph."""
+"""The toy's kernels as torch custom ops (vLLM: ``direct_register_custom_op``): dynamo never traces inside
+one, so a ``metadata is None`` guard in an op is decided when it runs (at capture too)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ _IMPLS: dict[Any, Callable[..., Any]] = {}
 
 
 def direct_register_custom_op(op_name: str, impl: Callable[..., None], mutates_args: Iterable[str]) -> Any:
-    """Register ``impl`` as ``torch.ops.cglab.<op_name>``. It writes into ``mutates_args`` and returns
-    None, so it needs no fake implementation for tracing."""
+    """Register ``impl``, which writes into ``mutates_args`` and returns None, as ``torch.ops.cglab.<op_name>``."""
     op = torch.library.custom_op(f"{NAMESPACE}::{op_name}", impl, mutates_args=tuple(mutates_args))
     _IMPLS[getattr(torch.ops, NAMESPACE).__getattr__(op_name).default] = impl
     return op

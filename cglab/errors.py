@@ -1,5 +1,4 @@
-"""The errors cglab raises; every message says what went wrong and what to do instead. Bad input is a
-``ConfigError`` (a ``ValueError``), a broken capture rule a ``CaptureError``; ``CglabError`` catches all."""
+"""The errors cglab raises: bad input is a ``ConfigError``, a broken capture rule a ``CaptureError``."""
 
 from __future__ import annotations
 

@@ -58,9 +58,8 @@ def set_forward_context(
 
 @torch.compiler.assume_constant_result
 def forward_context_has_metadata() -> bool:
-    """Whether this step has metadata: the plain-Python guard (``python_guards=True``, Inkling's style).
-    Dynamo decides it once, at trace time, as it reads vLLM's module global; a ContextVar it cannot read,
-    hence ``assume_constant_result``."""
+    """Whether this step has metadata: the plain-Python guard (``python_guards=True``), which dynamo decides
+    once, at trace time, as it reads vLLM's module global (hence ``assume_constant_result``)."""
     return get_forward_context().attn_metadata is not None
 
 

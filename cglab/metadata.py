@@ -1,14 +1,10 @@
 """Attention metadata and its builders (vLLM: ``CommonAttentionMetadata``, the metadata builders,
-``prepare_attn`` in ``vllm/v1/worker/gpu/model_states/default.py``).
-
-Builders write into buffers allocated once and return views: a PIECEWISE graph keeps reading the
-addresses it saw at capture (the fix's "fragile assumption"). ``cudagraph_support`` says which
-batches a builder can build capture metadata for.
-"""
+``prepare_attn`` in ``vllm/v1/worker/gpu/model_states/default.py``). Builders write into buffers allocated
+once and return views: a PIECEWISE graph keeps reading the addresses it saw at capture."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,8 +40,7 @@ class CommonAttentionMetadata:
 def token_requests_and_positions(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token row's request index and position in its sequence; tensor ops only (no host sync).
-    Padding rows map to the last request, at positions callers mask."""
+    """Each token row's request index and position (padding: the last request); no host sync."""
     token = torch.arange(num_tokens, device=query_start_loc.device)
     num_reqs = seq_lens.shape[0]
     request = torch.searchsorted(query_start_loc[1:], token, right=True).clamp(max=num_reqs - 1)
@@ -118,9 +113,8 @@ class AttentionMetadataBuilder:
 # ---------------------------------------------------------------- lazily planned attention
 @dataclass
 class SchedulerPlan:
-    """A kernel's work plan, made by its first call and reused after (FlashMLA's
-    ``tile_scheduler_metadata``). Whether to plan is Python, so a graph decides it once, at capture;
-    a stale plan hides keys."""
+    """A kernel's work plan, made by its first call and reused after (FlashMLA's ``tile_scheduler_metadata``):
+    a graph decides at capture whether to plan; a stale plan hides keys."""
 
     key_blocks: torch.Tensor | None = None  # [num_reqs]: key blocks each request reads
 
@@ -129,16 +123,14 @@ class SchedulerPlan:
         return self.key_blocks is not None
 
     def blocks_to_read(self, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-        """Key blocks per request, planned from ``seq_lens`` on the first call, the same tensor after."""
         if self.key_blocks is None:
             self.key_blocks = torch.div(seq_lens + (block_size - 1), block_size, rounding_mode="floor")
         return self.key_blocks
 
 
 class LazyPlanAttentionMetadataBuilder(AttentionMetadataBuilder):
-    """Metadata with an empty ``SchedulerPlan`` the kernel fills on first use. A FULL graph records
-    the planning only if its capture finds the plan empty: why warmup and capture each get fresh
-    metadata (vLLM #42444)."""
+    """Metadata with an empty ``SchedulerPlan``: a FULL graph records the planning only if its capture finds
+    the plan empty, hence fresh metadata for warmup and capture (vLLM #42444)."""
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> AttentionMetadata:
         return replace(super().build(common, for_capture), plan=SchedulerPlan())
@@ -245,9 +237,7 @@ class LinearAttentionMetadata:
 
 class LinearAttentionMetadataBuilder(_PersistentBuilder):
     """One recurrent state per request, at its first block. Capture metadata for decode-only batches, as
-    vLLM's ``LinearAttentionMetadataBuilder`` (its Mamba, GDN and ShortConv builders are ``UNIFORM_BATCH``,
-    decode-only by an assert in ``build_for_cudagraph_capture``): the kernel loops ``max_query_len``
-    times, which a FULL graph freezes."""
+    vLLM's ``LinearAttentionMetadataBuilder``: the kernel loops ``max_query_len`` times, which a FULL graph freezes."""
 
     cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
@@ -286,9 +276,8 @@ class LinearAttentionMetadataBuilder(_PersistentBuilder):
 
 
 def _real_tokens(common: CommonAttentionMetadata, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Request and position per token row, -1 (no slot) for padding rows and for positions past the
-    block-table row: only a capture batch split as before vLLM #49751 has those, and attention, the op
-    that reads the row in vLLM, refuses it (``cglab.layers.attention``)."""
+    """Request and position per token row; -1 for padding rows and for positions past the block-table row
+    (a capture batch split as before vLLM #49751, which attention refuses)."""
     request, position = token_requests_and_positions(common.query_start_loc, common.seq_lens, common.num_tokens)
     is_real = torch.arange(common.num_tokens, device=position.device) < common.num_actual_tokens
     in_row = position < common.block_table_tensor.shape[1] * block_size
@@ -296,8 +285,7 @@ def _real_tokens(common: CommonAttentionMetadata, block_size: int) -> tuple[torc
 
 
 class AllocatingShortConvMetadataBuilder(ShortConvMetadataBuilder):
-    """Breaks the fragile assumption: every ``build()`` returns a fresh tensor, so a PIECEWISE graph
-    keeps reading the capture batch's slots (all padding)."""
+    """Breaks the fragile assumption: ``build()`` returns fresh tensors, so a graph reads the capture's slots."""
 
     def _out(self, name: str, num_tokens: int) -> torch.Tensor:
         return torch.empty_like(getattr(self, name)[:num_tokens])
@@ -316,51 +304,42 @@ class AttentionGroup:
 def build_attn_groups(
     config: ToyConfig,
     device: torch.device,
-    builders: dict[str, MetadataBuilder] | None = None,
+    builders: Mapping[str, MetadataBuilder] | None = None,
     layers: Sequence[tuple[str, str]] | None = None,
 ) -> list[AttentionGroup]:
-    """One group per layer kind; ``builders`` overrides a kind's builder. ``layers``: ``(name, kind)``
-    pairs, by default the model's; a drafter's layers join the target's groups (shared block tables)."""
+    """One group per layer kind; ``builders`` overrides a kind's builder. ``layers``: ``(name, kind)`` pairs
+    (default: the model's; a drafter's join the target's groups)."""
     factories = {
         "attn": lambda: AttentionMetadataBuilder(config),
         "sconv": lambda: ShortConvMetadataBuilder(config, device),
         "compressor": lambda: CompressorMetadataBuilder(config, device),
         "linear_attn": lambda: LinearAttentionMetadataBuilder(config, device),
     }
-    _check_builders(builders)
+    builders = dict(builders or {})
+    # A bad builder fails here, not as an AttributeError mid-capture.
+    for kind, builder in builders.items():
+        if kind not in LAYER_KINDS:  # a typo would otherwise silently keep the default builder
+            raise ConfigError(f"builders has unknown layer kind {kind!r}; valid kinds: {', '.join(LAYER_KINDS)}")
+        support = getattr(builder, "cudagraph_support", None)
+        if builder is not None and not (
+            callable(getattr(builder, "build", None)) and isinstance(support, AttentionCGSupport)
+        ):
+            raise ConfigError(
+                f"builders[{kind!r}] ({type(builder).__name__}) must have a build(common, for_capture) method "
+                "and a cudagraph_support such as AttentionCGSupport.ALWAYS; pass e.g. "
+                "ShortConvMetadataBuilder(config, device)"
+            )
     pairs = list(zip(config.layer_names, config.layers)) if layers is None else list(layers)
     groups = []
     for kind in dict.fromkeys(k for _, k in pairs):
         names = [n for n, k in pairs if k == kind]
-        builder = (builders or {}).get(kind) or factories[kind]()
+        builder = builders.get(kind) or factories[kind]()
         groups.append(AttentionGroup(kind, builder, names))
     return groups
 
 
-def _check_builders(builders: object) -> None:
-    """``builders`` is ``{kind: builder}``; a bad one must fail here, not as an AttributeError mid-capture."""
-    if builders is None:
-        return
-    if not isinstance(builders, dict):
-        raise ConfigError(f"builders must be a dict {{layer kind: metadata builder}}, got {type(builders).__name__}")
-    for kind, builder in builders.items():
-        if kind not in LAYER_KINDS:  # a typo would otherwise silently keep the default builder
-            raise ConfigError(f"builders has unknown layer kind {kind!r}; valid kinds: {', '.join(LAYER_KINDS)}")
-        if builder is not None and not callable(getattr(builder, "build", None)):
-            raise ConfigError(
-                f"builders[{kind!r}] must have a build(common, for_capture) method, got "
-                f"{type(builder).__name__}; pass e.g. ShortConvMetadataBuilder(config, device)"
-            )
-        if builder is not None and not isinstance(getattr(builder, "cudagraph_support", None), AttentionCGSupport):
-            raise ConfigError(
-                f"builders[{kind!r}] ({type(builder).__name__}) must say which batches it can build "
-                "capture metadata for: give it a cudagraph_support attribute, e.g. "
-                "cudagraph_support = AttentionCGSupport.ALWAYS (the graph mode is lowered from it)"
-            )
-
-
 def min_cudagraph_support(attn_groups: Sequence[AttentionGroup]) -> tuple[AttentionCGSupport, str]:
-    """The least capable builder's ``cudagraph_support`` and its class name (the first one on a tie)."""
+    """The least capable builder's ``cudagraph_support`` and class name (the first on a tie)."""
     support, name = AttentionCGSupport.ALWAYS, ""
     for group in attn_groups:
         if group.builder.cudagraph_support < support or not name:
@@ -375,8 +354,7 @@ def prepare_attn(
     attn_groups: Sequence[AttentionGroup],
     for_capture: bool = False,
 ) -> dict[str, Any]:
-    """Every layer's metadata for one step, ``{layer_name: metadata}``; ``for_capture``: capture-safe
-    metadata for FULL graphs (sizes that fit any replay)."""
+    """Every layer's metadata for one step, ``{layer_name: metadata}``; ``for_capture``: capture-safe (FULL)."""
     common = CommonAttentionMetadata(
         query_start_loc=input_batch.query_start_loc,
         seq_lens=input_batch.seq_lens,

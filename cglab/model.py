@@ -41,8 +41,7 @@ class DecoderLayer(nn.Module):
 
 
 class ToyTransformer(nn.Module):
-    """Embeddings, one ``DecoderLayer`` per pattern entry, a norm and the LM head; weights depend only on
-    ``config`` (seeded, built on the CPU), the basis of every replay-vs-eager comparison."""
+    """Embeddings, one ``DecoderLayer`` per pattern entry, a norm and the LM head; weights depend only on ``config``."""
 
     def __init__(
         self, config: ToyConfig, device: str | torch.device = "cpu", return_hidden_states: bool = False
@@ -63,8 +62,7 @@ class ToyTransformer(nn.Module):
         self.to(device=device, dtype=getattr(torch, config.dtype))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits ``[num_tokens, vocab]``, metadata from the forward context. ``return_hidden_states``:
-        ``[num_tokens, vocab + hidden]`` for an EAGLE-style drafter, one tensor so a graph has one output."""
+        """Logits ``[num_tokens, vocab]`` (``return_hidden_states``: ``[num_tokens, vocab + hidden]``: a drafter)."""
         hidden = self.embed_tokens(input_ids) + self.embed_positions(positions)
         for layer in self.layers:
             hidden = layer(hidden)

@@ -1,11 +1,10 @@
-"""``ModelRunner``: one step from the request to the logits (vLLM: ``gpu/model_runner.py``). ``step``
-writes the batch into the persistent buffers, builds its metadata, dispatches it and replays a graph (or
-runs the model eagerly when no graph fits)."""
+"""``ModelRunner``: one step from the request to the logits (vLLM: ``gpu/model_runner.py``): write the
+batch into the persistent buffers, build its metadata, dispatch it, replay a graph or run eagerly."""
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +71,9 @@ class StepOutput:
 class ModelRunner:
     """A toy engine: a model, its persistent buffers, its metadata builders and its graphs.
 
-    ``compilation_config``, or a mode name (``"none"``: the eager reference every comparison uses), is
-    kept resolved (``CompilationConfig.resolve``). ``builders``: metadata builders by layer kind, replacing
-    the defaults. ``progress(desc)``: called after each capture. ``speculative_config``: serve a drafter
-    (``cglab.spec_decode``), which captures with this runner's ``graph_backend``. ``forward_model`` is what
-    every step calls: the model, or (compiled flavor) the model through torch.compile.
+    ``compilation_config``: a config or a mode name (``"none"``: the eager reference), kept resolved.
+    ``builders``: metadata builders by layer kind. ``progress(desc)``: called after each capture.
+    ``forward_model``: what every step calls, the model or the model through torch.compile.
     """
 
     def __init__(
@@ -117,12 +114,11 @@ class ModelRunner:
 
     @property
     def compiled_backend(self) -> CglabBackend | None:
-        """The torch.compile backend of a compiled model (its split graph, pieces and wrappers)."""
+        """The torch.compile backend of a compiled model (split graph, pieces, wrappers)."""
         return self.forward_model.backend if isinstance(self.forward_model, CompiledModel) else None
 
     def graph_replays(self) -> dict[BatchExecutionDescriptor, int]:
-        """Every captured descriptor, in capture order, with the steps its graph served: FULL graphs
-        from the manager, PIECEWISE ones from the model's wrappers (every piece replays once a step)."""
+        """Every captured descriptor, in capture order, with the steps its graph served."""
         manager, wrappers = self.cudagraph_manager, self.piecewise_wrappers()
         if manager is None:
             return {}
@@ -155,10 +151,8 @@ class ModelRunner:
     # ------------------------------------------------------------ start-up
     @torch.inference_mode()
     def profile_run(self) -> None:
-        """One forward over the largest batch with no metadata, as vLLM's start-up runs to measure memory:
-        layers take their ``attn_metadata=None`` branch. Compiled, dynamo traces here, at the largest size
-        (inductor cannot lower a model traced at 1 token), and decides a ``python_guards`` guard for good.
-        A strict layer stops the run after the trace (vLLM's would crash), so it fails at capture."""
+        """One forward over the largest batch with no metadata, as vLLM's start-up measures memory. Compiled,
+        dynamo traces here (a ``python_guards`` guard is decided for good); a strict layer fails at capture."""
         num_tokens = self.config.max_num_tokens
         try:
             with set_forward_context(None, CUDAGraphMode.NONE):
@@ -166,10 +160,7 @@ class ModelRunner:
         except MissingMetadataError:  # only a strict layer raises it: the trace is done, capture will fail
             pass
         except CaptureError as exc:  # same type, so callers can still tell the rules apart
-            raise type(exc)(
-                f"the profiling run before capture (the model's first compiled call, where torch.compile "
-                f"traces it) failed: {exc}"
-            ) from exc
+            raise type(exc)(f"the profiling run before capture (where torch.compile traces) failed: {exc}") from exc
 
     # ------------------------------------------------------------ capture
     def create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool) -> CaptureForward:
@@ -187,20 +178,15 @@ class ModelRunner:
             lambda metadata: self._graph_reads(metadata, input_ids, positions),
         )
 
-    def _graph_reads(
-        self, attn_metadata: dict[str, Any] | None, input_ids: torch.Tensor, positions: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """What a graph reads from outside itself: inputs, caches and metadata (checked at replay)."""
+    def _graph_reads(self, attn_metadata: Any, input_ids: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
         return graph_reads(attn_metadata, input_ids=input_ids, positions=positions, **self.state_tensors())
 
     def _source(self, name: str) -> str:
-        """Who produced the tensor called ``name``, for error messages."""
         return tensor_source(name, self.attn_groups, self.state_tensors(), " (ModelRunner.input_buffers)")
 
     # ------------------------------------------------------------ requests
     def add_request(self, req_id: str, num_prompt_tokens: int | None = None) -> None:
-        """Admit a request. ``num_prompt_tokens``: its prompt length, when the prompt may arrive in
-        chunks over several steps; None: its first step carries the whole prompt."""
+        """Admit a request. ``num_prompt_tokens``: its prompt length, if it comes in chunks (None: in one step)."""
         if req_id in self.requests:
             raise ConfigError(f"request {req_id!r} already exists; use a new id or free_request() it first")
         if num_prompt_tokens is not None:
@@ -262,9 +248,8 @@ class ModelRunner:
         return get_uniform_decode_token_count(query_lens, has_prefill)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
-        """Replay the FULL graph ``prepared`` was dispatched to, or run the model under its forward
-        context: eagerly (NONE), or with its wrappers replaying their graphs (PIECEWISE). Returns the
-        padded output, which a graph overwrites at its next replay."""
+        """Replay ``prepared``'s FULL graph, or run the model under its forward context (NONE, PIECEWISE).
+        Returns the padded output, which a graph overwrites at its next replay."""
         desc, batch = prepared.descriptor, prepared.input_batch
         manager = self.cudagraph_manager
         with torch.inference_mode():
@@ -343,8 +328,7 @@ def prepare_inputs(
     num_tokens_padded: int,
     num_reqs_padded: int,
 ) -> tuple[InputBatch, dict[str, Any]]:
-    """Write one batch, padded, in place into storage the graphs captured (inputs, block table, slot
-    mapping), then build every layer's metadata into the builders' buffers."""
+    """Write one batch, padded, in place into the persistent buffers; build every layer's metadata."""
     input_batch = InputBatch.prepare(query_lens, seq_lens, input_ids, input_buffers, num_tokens_padded, num_reqs_padded)
     block_table = block_tables.write_block_tables([r.block_ids for r in requests], num_reqs_padded)
     bs = block_tables.block_size
@@ -354,16 +338,12 @@ def prepare_inputs(
 
 
 def parse_token_ids(req_id: str, ids: object) -> list[int]:
-    """``ids`` as a list of ints; a float, a string or a bare int gets an error, not a silent cast."""
-    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable) or getattr(ids, "ndim", 1) == 0:
-        raise ConfigError(
-            f"request {req_id!r} must get a list of token ids, got {ids!r}; "
-            f"write {{{req_id!r}: [5]}} for a single token"
-        )
-    values = list(ids)
+    """``ids`` as a list of ints; a float, a bool, a string or a bare int gets an error, not a silent cast."""
     try:
-        if not any(isinstance(t, bool) for t in values):  # True is an int to Python, never a token
-            return [operator.index(t) for t in values]
+        if not isinstance(ids, (str, bytes, Mapping)) and not any(isinstance(t, bool) for t in ids):
+            return [operator.index(t) for t in ids]  # a 0-d tensor, like an int, is not iterable
     except TypeError:
         pass
-    raise ConfigError(f"token ids of request {req_id!r} must be integers, got {values!r}")
+    raise ConfigError(
+        f"request {req_id!r} must get a list of integer token ids, got {ids!r}; write {{{req_id!r}: [5]}} for one"
+    )

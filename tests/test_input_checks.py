@@ -9,6 +9,8 @@ capture failure.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -67,9 +69,9 @@ def test_zero_dim_tensor_is_not_a_token_list(runner: ModelRunner) -> None:
 @pytest.mark.parametrize(
     "builders, fix",
     [
-        ({"sconv": object()}, r"builders\['sconv'\] must have a build"),
+        ({"sconv": object()}, r"builders\['sconv'\] \(object\) must have a build"),
         ({"conv": None}, "valid kinds"),
-        ([("sconv", None)], "builders must be a dict"),
+        ({"sconv": SimpleNamespace(build=lambda common, for_capture: None)}, "a cudagraph_support such as"),
     ],
 )
 def test_bad_builders_name_the_argument(builders: object, fix: str) -> None:

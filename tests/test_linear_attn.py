@@ -281,7 +281,7 @@ def test_a_builder_passed_by_the_user_lowers_the_mode_too() -> None:
     class Unlabelled:
         def build(self, common: object, for_capture: bool = False) -> None: ...
 
-    with pytest.raises(ConfigError, match=r"builders\['sconv'\] \(Unlabelled\) must say .* cudagraph_support"):
+    with pytest.raises(ConfigError, match=r"builders\['sconv'\] \(Unlabelled\) must have a build.* cudagraph_support"):
         ModelRunner(config, CompilationConfig("full", (1, 2)), builders={"sconv": Unlabelled()})
 
 

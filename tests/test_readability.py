@@ -120,3 +120,26 @@ def test_stale_references_sees_a_renamed_function_and_a_vanished_line(tmp_path: 
         "`if y:` is not in ['cglab/a.py']",
         "no file cglab/b.py",
     ]
+
+
+# --- printed source: notebooks print these functions with inspect.getsource -------------------------------
+
+PRINTED_SOURCE_WIDTH = 100  # what a notebook's output area shows beside JupyterLab's file browser
+
+
+def _printed_functions() -> list[object]:
+    from cglab import cudagraph_utils as cu
+    from cglab.spec_decode.draft_model import InputFusion
+
+    printed = [cu.prepare_inputs_to_capture, cu.prepare_inputs_to_capture_legacy, cu.prepare_capture_metadata]
+    # InputFusion.forward has a line of 101 characters: shortening it turns this mark into a failure to remove.
+    fusion = pytest.param(InputFusion.forward, marks=pytest.mark.xfail(strict=True, reason="one line of 101"))
+    return [*printed, cu._prepare_dummy, fusion]
+
+
+@pytest.mark.parametrize("function", _printed_functions(), ids=lambda f: getattr(f, "__qualname__", "?"))
+def test_printed_functions_fit_the_notebook_output_area(function: object) -> None:
+    import inspect
+
+    long = [line for line in inspect.getsource(function).splitlines() if len(line) > PRINTED_SOURCE_WIDTH]
+    assert not long, f"lines over {PRINTED_SOURCE_WIDTH} characters, which a notebook prints wrapped: {long}"

@@ -298,7 +298,7 @@ def test_bad_requests_in_a_step_are_refused():
         runner.step(["a", "a"])
     with pytest.raises(ConfigError, match="unknown request 'b'"):
         runner.step(["b"])
-    with pytest.raises(ConfigError, match="list of token ids"):
+    with pytest.raises(ConfigError, match="list of integer token ids"):
         runner.add_request("c", 5)
     runner.add_request("d", [4, 5])
     runner.step(["a", "d"])

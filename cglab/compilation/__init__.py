@@ -1,9 +1,5 @@
-"""Compiled PIECEWISE: torch.compile with a backend that splits the model at attention.
-
-vLLM: ``vllm/compilation/``. ``CompiledModel`` compiles once with a symbolic token count;
-``CglabBackend`` splits the FX graph at ``splitting_ops`` and wraps each piece in a
-``CUDAGraphWrapper``, which captures on first use for each batch descriptor and replays after.
-"""
+"""Compiled PIECEWISE (vLLM: ``vllm/compilation/``): ``CompiledModel`` compiles once, ``CglabBackend`` splits
+the FX graph at ``splitting_ops`` and wraps each piece in a ``CUDAGraphWrapper``."""
 
 from cglab.compilation.backends import CglabBackend, SplitItem, split_graph
 from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled

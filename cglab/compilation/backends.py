@@ -1,14 +1,9 @@
 """The torch.compile backend that splits the model at its splitting ops (vLLM: ``VllmBackend``,
 ``split_graph`` and ``PiecewiseBackend`` in ``vllm/compilation/``).
 
-Dynamo traces the whole forward into one FX graph once, with a symbolic token count. The backend
-cuts that graph before and after every call of an op named in ``splitting_ops`` (attention), so the
-graph becomes a chain of submodules: pieces, and splitting ops between them. Each piece is compiled
-(inductor on a GPU; on a CPU the FX piece runs as it is, so the simulator records its aten ops and
-no C++ toolchain is needed) and, when the policy captures PIECEWISE graphs, wrapped in a
-``CUDAGraphWrapper``. The splitting ops are neither compiled nor wrapped: they run eagerly at every
-PIECEWISE step, so they read the live metadata. The split stays under every policy: a FULL graph is
-captured around the split model (vLLM #20059), and a batch with no graph runs it eagerly.
+The backend cuts dynamo's one FX graph around every call of a ``splitting_ops`` op (attention): a chain
+of pieces, each compiled and (PIECEWISE) wrapped in a ``CUDAGraphWrapper``, and splitting ops between
+them, which run eagerly on live metadata. A FULL graph is captured around the split model (vLLM #20059).
 """
 
 from __future__ import annotations
@@ -67,11 +62,8 @@ def split_graph(gm: torch.fx.GraphModule, splitting_ops: Sequence[str]) -> tuple
 
 
 class CglabBackend:
-    """A ``torch.compile`` backend: split, compile each piece, wrap each piece for PIECEWISE capture.
-
-    ``compiler``: ``"eager"`` runs each FX piece as it is (CPU); ``"inductor"`` compiles it for the
-    symbolic token count, once (GPU). ``piecewise=False`` (FULL-only policies) splits but wraps nothing.
-    """
+    """A ``torch.compile`` backend: split, compile each piece (``compiler``: ``"eager"`` runs the FX piece as
+    it is), and wrap each piece for PIECEWISE capture (``piecewise=False``: wrap nothing)."""
 
     def __init__(
         self,
@@ -109,8 +101,7 @@ class CglabBackend:
 
 
 class _InductorPieces(torch.fx.Interpreter):
-    """Runs the split graph on the fake inputs dynamo traced with and compiles each piece with
-    inductor on the way, for the symbolic shapes it sees there (so sizes share one compiled piece)."""
+    """Runs the split graph on dynamo's fake inputs, compiling each piece with inductor for the symbolic shapes."""
 
     def __init__(self, split_gm: torch.fx.GraphModule, pieces: list[str]) -> None:
         super().__init__(split_gm)

@@ -1,10 +1,8 @@
 """``CUDAGraphWrapper``: a runnable captured once per batch descriptor, replayed after.
 
-vLLM: ``vllm/compilation/cuda_graph.py`` (one per compiled piece) and
-``vllm/compilation/breakable_cudagraph.py`` (around the whole model, ``breakable=True``). The wrapper
-reads the runtime mode and the batch descriptor from the forward context. A mode other than its own
-(NONE for eager steps, warmup, and a FULL graph being captured around it) means: just run. Its own
-mode means: replay the graph of this descriptor, or capture one if there is none yet.
+vLLM: ``vllm/compilation/cuda_graph.py`` (one per compiled piece) and ``breakable_cudagraph.py`` (around
+the whole model). In the forward context's mode it replays the descriptor's graph, or captures one;
+in any other mode it just runs.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ _CAPTURING_ENABLED: ContextVar[bool] = ContextVar("cglab_cudagraph_capturing_ena
 
 @contextlib.contextmanager
 def cudagraph_capturing_enabled() -> Iterator[None]:
-    """Let wrappers capture new graphs; outside it a PIECEWISE step with no graph is an error, since
-    capturing in the middle of serving would record whatever batch happens to be running."""
+    """Let wrappers capture new graphs; outside it, a PIECEWISE step with no graph is an error."""
     token = _CAPTURING_ENABLED.set(True)
     try:
         yield
@@ -48,13 +45,8 @@ class CUDAGraphEntry:
 
 
 class CUDAGraphWrapper(nn.Module):
-    """Wraps ``runnable`` (a piece between two splitting ops, or with ``breakable=True`` the whole
-    model, split where its eager breaks are called) for one runtime mode.
-
-    ``check_addresses`` is vLLM's debug check: the positional tensor arguments must live where they
-    lived at capture. It sees only the arguments; metadata read from the forward context is beyond
-    it (cglab's ``CudaGraphManager`` checks that too).
-    """
+    """Wraps ``runnable`` (a piece, or with ``breakable=True`` the whole model) for one runtime mode.
+    ``check_addresses``: vLLM's debug check that tensor arguments live where they lived at capture."""
 
     def __init__(
         self,

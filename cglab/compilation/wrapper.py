@@ -1,11 +1,8 @@
 """Compiling the model once for every token count (vLLM: ``support_torch_compile`` in
 ``vllm/compilation/decorators.py`` and ``TorchCompileWithNoGuardsWrapper`` in ``wrapper.py``).
 
-The token dimension of the inputs is marked dynamic, so dynamo traces one graph with a symbolic
-size ``s0``; ``backed_size_oblivious`` stops it from specialising sizes 0 and 1 while tracing. Then,
-as vLLM does, every guard is dropped: the one compiled graph serves every later call, whatever its
-size, and also under a graph backend's dispatch mode (a guard would see that as a reason to
-trace again). Graphs are then captured per size from that one compiled graph.
+The token dimension is marked dynamic, so dynamo traces one graph with a symbolic size; then, as vLLM
+does, every guard is dropped: that graph serves every later call, whatever its size or dispatch mode.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ from cglab.graphs import GraphBackend
 
 
 def fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
-    """``model.forward`` with a code object of its own: dynamo caps the graphs it keeps per code object,
-    and a notebook builds dozens of models (vLLM has one per process)."""
+    """``model.forward`` with a code object of its own: dynamo caps the graphs it keeps per code object."""
     fn = type(model).forward
     copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
@@ -44,8 +40,7 @@ def _size_oblivious() -> contextlib.AbstractContextManager[None]:
 
 
 def compile_forward(model: nn.Module, backend: Callable[..., Any]) -> Callable[..., Any]:
-    """``model.forward`` through ``torch.compile`` with ``backend``, every guard dropped (vLLM's no-guards
-    wrapper): the one graph traced serves every later call, whatever its size or dispatch mode."""
+    """``model.forward`` through ``torch.compile`` with ``backend``, every guard dropped."""
     return torch.compile(
         fresh_forward(model),
         backend=backend,
@@ -75,10 +70,8 @@ def trace(compiled: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
 
 
 class CompiledModel:
-    """Calls the model through ``torch.compile`` with ``backend``; the token dimension is symbolic.
-
-    The first call compiles: dynamo traces ``forward`` once and hands the graph to ``backend``, which
-    splits and wraps it. Every later call runs that compiled code, with no guard to check."""
+    """Calls the model through ``torch.compile`` with ``backend``. The first call traces ``forward`` and hands
+    the graph to ``backend``, which splits and wraps it; every later call runs that code, with no guard."""
 
     trace_reused = False  # set by the trace cache that tests and notebooks install (caching.py)
 
@@ -92,8 +85,6 @@ class CompiledModel:
         self._compiled = compile_forward(model, backend)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """Run the model on ``inputs`` (token ids, positions and, for a drafter, hidden states), each
-        with the token count as its first dimension."""
         if self.compile_seconds is not None:
             return self._compiled(*inputs)
         start = time.perf_counter()
@@ -109,10 +100,8 @@ class CompiledModel:
 
 
 def build_forward_model(model: nn.Module, cc: CompilationConfig, graph_backend: GraphBackend | None) -> Any:
-    """What every step calls, for a resolved ``cc``: the model itself where no graph is captured; the model
-    through torch.compile, split at ``cc.splitting_ops`` with a ``CUDAGraphWrapper`` per piece where the
-    policy captures PIECEWISE graphs; or (breakable) the plain model, inside one breakable wrapper where it
-    does. The target and the drafter both build theirs here (a splitting op the drafter lacks matches no node)."""
+    """What every step calls, for a resolved ``cc``: the model; or the model through torch.compile, split
+    at ``cc.splitting_ops`` (a wrapper per piece under PIECEWISE); or (breakable) one breakable wrapper."""
     if graph_backend is None:
         return model
     piecewise = CUDAGraphMode.PIECEWISE in cc.cudagraph_mode.runtime_modes()

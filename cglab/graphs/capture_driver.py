@@ -1,10 +1,6 @@
-"""The capture driver shared by both backends, and the captured graph.
-
-A capture is a list of *steps*: graph segments (recorded work, replayed as a unit) and eager steps
-(Python functions re-run at replay). FULL mode makes one segment. PIECEWISE mode (``breakable=True``)
-ends a segment at every call of an ``eager_break_during_capture`` function, runs it eagerly and starts
-a new segment, as vLLM does around attention. A backend supplies only its ``CaptureSession``: the
-dispatch mode that watches the capture's aten ops, and how to open and close one segment.
+"""The capture driver shared by both backends, and the captured graph: a list of graph segments
+(recorded work) and eager steps (functions re-run at replay). A breakable capture ends a segment at every
+``eager_break_during_capture`` call, as vLLM does around attention. A backend supplies its ``CaptureSession``.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ class GraphSegment(ABC):
 
 
 class EagerStep:
-    """A function re-run for real at every replay, between two graph segments. It keeps the argument
-    objects of the capture-time call, so it sees what those buffers (and any Python state) hold then."""
+    """A function re-run for real at every replay, between two segments, with the capture-time arguments."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
@@ -68,8 +63,7 @@ Step = GraphSegment | EagerStep
 
 
 class CapturedGraph:
-    """The result of a capture: ordered steps, replayed by one loop. ``replay()`` rewrites the static
-    output that ``capture`` returned; the captured Python does not run again, except in eager steps."""
+    """The result of a capture: ordered steps; ``replay()`` rewrites the static output ``capture`` returned."""
 
     def __init__(self, steps: list[Step], label: str) -> None:
         self.steps = steps
@@ -97,8 +91,7 @@ class CapturedGraph:
 
     @property
     def ops_per_segment(self) -> list[int]:
-        """Ops that do work at replay (a kernel each on a GPU) per segment: views, aliases and bare
-        allocations are not counted, so the figure is the same on every backend."""
+        """Ops that do work at replay (a kernel each on a GPU), per segment; the same on every backend."""
         return [s.num_ops for s in self.steps if isinstance(s, GraphSegment)]
 
     @property
@@ -110,9 +103,8 @@ class CapturedGraph:
 
 
 def eager_break_during_capture(fn: F) -> F:
-    """Mark ``fn`` as a place where a breakable (PIECEWISE) capture splits the graph. ``fn`` must write its
-    results into caller-provided tensors and return None: at replay it re-runs with the capture-time arguments,
-    and only those buffers persist. Elsewhere (eager code, or FULL) it is a plain call, so FULL records its ops."""
+    """Mark ``fn`` as where a breakable capture splits the graph; elsewhere it is a plain call. ``fn`` writes
+    into caller-provided tensors and returns None: at replay it re-runs with the capture-time arguments."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -176,8 +168,7 @@ def _host_read_guard() -> Iterator[None]:
 
 
 class CaptureSession(OpCounter, ABC):
-    """One capture: the dispatch mode that sees its aten ops (entered around the whole capture, active
-    only while a segment records), its steps so far, and the backend's way to open and close a segment."""
+    """One capture: the dispatch mode that sees its aten ops while a segment records, and its steps so far."""
 
     def __init__(self, breakable: bool) -> None:
         super().__init__(check_host_syncs=True, active=False)
@@ -246,8 +237,7 @@ class GraphBackend(ABC):
 
     def capture(self, fn: Callable[[], T], *, breakable: bool = False) -> tuple[CapturedGraph, T]:
         """Run ``fn`` once under capture; return the graph and fn's result (the static output). ``breakable``:
-        every call of an ``eager_break_during_capture`` function becomes an ``EagerStep`` between segments
-        (PIECEWISE); else one segment (FULL). On error nothing stays half-captured."""
+        eager breaks become ``EagerStep``s between segments. On error nothing stays half-captured."""
         if _CURRENT.get() is not None:
             raise CaptureError("capture() was called inside another capture; capture graphs one at a time")
         session = self._session(breakable)

@@ -152,8 +152,7 @@ class CudaBackend(GraphBackend):
         torch.cuda.synchronize(self.device)
 
     def memory_in_use(self) -> int:
-        """Device memory in use as the driver counts it (the pool, the graphs themselves, workspaces),
-        after the caching allocator has returned its free blocks: only memory really held counts."""
+        """Device memory in use as the driver counts it, after the caching allocator returned its free blocks."""
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         return total - free
@@ -183,9 +182,8 @@ class CudaBackend(GraphBackend):
             self._pool = None
 
     def _forget_pool_after_failure(self, graph: torch.cuda.CUDAGraph) -> None:
-        """After a capture CUDA aborted, torch may leave this pool registered as 'being captured
-        into', and a later capture into it would fail: try to unregister it, and in any case
-        give later graphs a fresh pool."""
+        """After a capture CUDA aborted, torch may leave this pool 'being captured into': try to unregister
+        it, and give later graphs a fresh pool."""
         pool, self._pool = self._pool, None
         for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool"):
             end = getattr(torch._C, name, None)

@@ -1,8 +1,6 @@
-"""The CPU simulator of CUDA graphs: a GPU capture's semantics, not its speed.
-
-Capture records every aten call with the memory it touched (addresses baked in, as on a GPU);
-replay re-runs the record on that storage. Capture launches nothing on a GPU, so each segment is
-undone when it closes: written buffers get their bytes back, new tensors hold poison until replay.
+"""The CPU simulator of CUDA graphs: a GPU capture's semantics, not its speed. Capture records every aten
+call with the memory it touched; replay re-runs the record on that storage. As a GPU capture runs nothing,
+each segment is undone when it closes: written buffers get their bytes back, new tensors hold poison.
 """
 
 from __future__ import annotations

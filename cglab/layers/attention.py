@@ -64,11 +64,9 @@ def _unified_attention(
 
 
 def _check_rows_hold(md: AttentionMetadata, layer_name: str, block_size: int, max_model_len: int) -> None:
-    """A paged kernel reads a request's block-table row up to its ``seq_len``; a request longer than its
-    row reads past it. Only a dummy capture batch split as before vLLM PR #49751 is that long, and only
-    ordinary metadata reads it (capture metadata's key range is ``max_model_len``). FA3 then hit an illegal
-    address and #49364 was reverted. Checked on the host before the launch, from the host-side
-    ``max_seq_len``: free at every step, and no faulting kernel poisons a notebook's CUDA context."""
+    """A request longer than its block-table row reads past it: only a dummy capture batch split as before
+    vLLM PR #49751 is that long, where FA3 hit an illegal address and #49364 was reverted. Checked on the host,
+    from ``max_seq_len``, so no faulting kernel poisons a notebook's CUDA context."""
     row = md.block_table.shape[1]
     if md.max_seq_len <= row * block_size:
         return

@@ -1,8 +1,6 @@
-"""DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``): every token saves
-a partial state at its slot, the one completing a group of ``ratio`` folds it into a compressed entry.
-The toy's layer also reads its sequence's entries (in vLLM, the sparse attention's job).
-vLLM runs it inside the splitting op ``vllm::deepseek_v4_attention``, eagerly on live metadata; the toy
-puts it inside a graph piece (the custom op ``cglab::compressor``, ``None`` guard inside)."""
+"""DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``): every ``ratio`` saved
+states fold into a compressed entry. vLLM runs it inside the splitting op ``vllm::deepseek_v4_attention``;
+the toy puts it inside a graph piece (the custom op ``cglab::compressor``, ``None`` guard inside)."""
 
 from __future__ import annotations
 
