@@ -132,9 +132,7 @@ def _printed_functions() -> list[object]:
     from cglab.spec_decode.draft_model import InputFusion
 
     printed = [cu.prepare_inputs_to_capture, cu.prepare_inputs_to_capture_legacy, cu.prepare_capture_metadata]
-    # InputFusion.forward has a line of 101 characters: shortening it turns this mark into a failure to remove.
-    fusion = pytest.param(InputFusion.forward, marks=pytest.mark.xfail(strict=True, reason="one line of 101"))
-    return [*printed, cu._prepare_dummy, fusion]
+    return [*printed, cu._prepare_dummy, InputFusion.forward]
 
 
 @pytest.mark.parametrize("function", _printed_functions(), ids=lambda f: getattr(f, "__qualname__", "?"))
