@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -245,7 +246,7 @@ def run_repro(
     describe_runner(result, runner)
     reference = ModelRunner(config, "none", device=device)
     prompts, decode = make_workload(config, steps, num_requests=max(batch_sizes))
-    try:
+    with judged_run(result, runner, reference):
         for i, prompt in enumerate(prompts):
             for r in (runner, reference):
                 r.add_request(f"req{i}", num_prompt_tokens=len(prompt))
@@ -260,11 +261,6 @@ def run_repro(
             result.steps_by_mode[mode_name] = result.steps_by_mode.get(mode_name, 0) + 1
             if progress is not None:
                 progress()
-    except CglabError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        runner.close()
-    compare_final_state(result, runner, reference)
     return result
 
 
@@ -287,6 +283,19 @@ def failed_capture(
     result.backend = resolved.graph_backend
     result.cudagraph_mode, result.cudagraph_mode_note = resolved.cudagraph_mode.value, resolved.cudagraph_mode_note
     return result
+
+
+@contextmanager
+def judged_run(result: ReproResult, runner: ModelRunner | Any, reference: HasState) -> Iterator[None]:
+    """The steps run inside: a ``CglabError`` among them is the run's error, not a crash. Either way the
+    runner is closed and its final state compared with the reference's."""
+    try:
+        yield
+    except CglabError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        runner.close()
+    compare_final_state(result, runner, reference)
 
 
 def compare_final_state(result: ReproResult, runner: HasState, reference: HasState) -> None:

@@ -14,13 +14,13 @@ from functools import partial
 
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import ToyConfig
-from cglab.errors import CaptureError, CglabError
+from cglab.errors import CaptureError
 from cglab.repro import (
     ReproResult,
-    compare_final_state,
     describe_runner,
     divergence_verdict,
     failed_capture,
+    judged_run,
     make_workload,
     new_result,
     repro_config,
@@ -60,7 +60,7 @@ def run_spec_repro(
     prompts, _ = make_workload(config, steps, num_requests=max(batch_sizes))
     engines = (runner, shadow, reference)
     outputs: dict[str, list[SpecStepOutput]] = {"runner": [], "reference": []}
-    try:
+    with judged_run(result, runner, shadow):
         for i, prompt in enumerate(prompts):
             for engine in engines:
                 engine.add_request(f"req{i}", prompt)
@@ -83,11 +83,6 @@ def run_spec_repro(
             result.reference_tokens_per_step.append(_tokens_per_request(ref))
             if progress is not None:
                 progress()
-    except CglabError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        runner.close()
-    compare_final_state(result, runner, shadow)
     result.acceptance_rate = acceptance_rate(outputs["runner"])
     result.reference_acceptance_rate = acceptance_rate(outputs["reference"])
     result.outputs_identical = all(_agree(runner.outputs[r], reference.outputs[r]) for r in runner.outputs)
