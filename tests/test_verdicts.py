@@ -284,13 +284,13 @@ def _poison_graph_runner(monkeypatch: pytest.MonkeyPatch, where: str, value: flo
     ``value`` in one logit (``where="logits"``), or one cache holds ``value`` when the run ends (the
     target's in a plain run, the drafter's in a speculative one)."""
     execute, close, spec_close = ModelRunner.execute, ModelRunner.close, SpecDecodeRunner.close
-    replayed: dict[int, int] = {}  # runner -> steps that replayed a graph
 
     def execute_poisoned(self: ModelRunner, prepared: PreparedStep) -> torch.Tensor:
         out = execute(self, prepared)
         if where == "logits" and prepared.descriptor.cg_mode is not CUDAGraphMode.NONE:
-            replayed[id(self)] = replayed.get(id(self), 0) + 1
-            if replayed[id(self)] == 2:  # not the first: max() keeps a NaN that comes first
+            # Counted on the runner itself: a later run's runner may reuse a closed one's id().
+            self.poison_replays = getattr(self, "poison_replays", 0) + 1
+            if self.poison_replays == 2:  # not the first: max() keeps a NaN that comes first
                 with torch.inference_mode():
                     out[0, 0] = value
         return out
