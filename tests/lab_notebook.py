@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the module imports without Playwright, so a test can skip w
     from lab_server import LabServer
     from playwright.async_api import BrowserContext, ConsoleMessage, Page
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # the MIME type of a saved widget output
 RUN_ALL_TIMEOUT_S = 300.0
 QUIET_S = 0.4  # how long the kernel must stay idle, with nothing left to run, before Run All counts as done
 WIDTH, HEIGHT = 1280, 900
@@ -235,3 +236,16 @@ class LabTab:
 
     async def close(self) -> None:
         await self.page.close()
+
+
+def saved_widget_views(path: Path) -> int:
+    """How many widget outputs ``path`` holds, as saved."""
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    return sum(
+        WIDGET_VIEW in output.get("data", {})
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )

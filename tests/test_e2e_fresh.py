@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
-from lab_notebook import CLOSE_NOTEBOOK, OPEN_NOTEBOOK, PANEL
+from lab_notebook import CLOSE_NOTEBOOK, OPEN_NOTEBOOK, PANEL, WIDGET_VIEW, saved_widget_views
 from lab_server import LabServer
 
 from cglab.lab.interactive import STILL_LINE
@@ -46,7 +46,6 @@ skip_without_chromium()
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "build" / "e2e"
 WIDTH, HEIGHT = 1280, 800
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 FITTING = ("verdict_table(", "describe_dispatch(", "getsource(")  # cells whose printed lines must not wrap
 SETTLE_TIMEOUT_S = 60.0
 SIGNED = "signed/02_toy_engine.ipynb"  # run and saved in an earlier session
@@ -56,20 +55,10 @@ def _code(path: Path) -> list[str]:
     return [cell.source for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
 
 
-def _views(path: Path) -> int:
-    notebook = nbformat.read(path, as_version=4)
-    return sum(
-        WIDGET_VIEW in output.get("data", {})
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
-    )
-
-
 NOTEBOOKS = sorted(
     p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
 )
-WITH_WIDGETS = [p for p in NOTEBOOKS if _views(ROOT / p)]
+WITH_WIDGETS = [p for p in NOTEBOOKS if saved_widget_views(ROOT / p)]
 WITH_TABLES = [p for p in NOTEBOOKS if any(f in source for source in _code(ROOT / p) for f in FITTING)]
 
 # Without a kernel: the notebook factory told not to start one, as if the learner chose "No Kernel".
@@ -242,8 +231,10 @@ def test_explorers_show_a_widget_or_their_still_never_text(fresh: dict[str, Any]
     problems = []
     for key, state in fresh["widgets"].items():
         path = key.split(" (")[0].replace("signed/", "notebooks/")
-        if len(state["found"]) != _views(ROOT / path):
-            problems.append(f"{key}: {len(state['found'])} widget outputs shown, {_views(ROOT / path)} saved")
+        if len(state["found"]) != saved_widget_views(ROOT / path):
+            problems.append(
+                f"{key}: {len(state['found'])} widget outputs shown, {saved_widget_views(ROOT / path)} saved"
+            )
         if (state["kernel"] == "none") != key.endswith("(no kernel)"):
             problems.append(f"{key}: the kernel is {state['kernel']}")
         problems += [

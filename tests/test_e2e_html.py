@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
+from lab_notebook import WIDGET_VIEW, saved_widget_views
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
 
@@ -30,7 +31,6 @@ skip_without_chromium()
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 ARTIFACTS = ROOT / "build" / "e2e" / "html"
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 RENDER_TIMEOUT_MS = 30_000
 
 # Per page: the widget views the page holds, how many the manager rendered, explorers without a plot,
@@ -53,16 +53,6 @@ def _build_html() -> Any:
     from test_build_html import load_build_html  # one loader of tools/build_html.py for both files
 
     return load_build_html()
-
-
-def _saved_widgets(path: Path) -> int:
-    notebook = nbformat.read(path, as_version=4)
-    return sum(
-        WIDGET_VIEW in output.get("data", {})
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
-    )
 
 
 async def _read_offline(out: Path, pages: list[Path], expected: list[int]) -> list[list[str]]:
@@ -124,7 +114,7 @@ def test_html_pages_show_plots_and_widgets_offline(tmp_path: Path) -> None:
     build_html = _build_html()
     out = tmp_path / "html"
     pages = build_html.build(NOTEBOOKS, out)
-    expected = [_saved_widgets(path) for path in NOTEBOOKS]
+    expected = [saved_widget_views(path) for path in NOTEBOOKS]
     assert sum(expected) > 0, "no notebook saved a widget: this test would check nothing about widgets"
     for old in ARTIFACTS.glob("*.jpg"):
         old.unlink()
