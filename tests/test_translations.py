@@ -211,7 +211,6 @@ def test_the_glossary_uses_the_digests_words() -> None:
         ("capture", "捕获"),
         ("replay", "重放"),
         ("Attention metadata", "注意力元数据"),
-        ("attention-like op", "注意力类似操作"),
         ("Speculative decoding", "推测解码"),
     ]
     missing = [

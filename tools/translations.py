@@ -60,8 +60,14 @@ class Document:
 
 DOCUMENTS = (
     Document("notebooks/00b_express.ipynb", f"{ZH}/00b_express.ipynb"),
-    Document("notebooks/04_missing_metadata_bug.ipynb", f"{ZH}/04_missing_metadata_bug.ipynb", until="## The fix"),
+    Document(
+        "notebooks/04_missing_metadata_bug.ipynb",
+        f"{ZH}/04_missing_metadata_bug.ipynb",
+        until="**Optional deep dive.**",  # through The fix: the 60-minute session's part (tools/reading_times.py)
+    ),
     Document("notebooks/00_welcome.ipynb", f"{ZH}/00_glossary.ipynb", first="## Glossary", until=""),
+    # Checkpoint 1: from the setup cell (Your environment needs its DEVICE) through A first look at the bug.
+    Document("notebooks/00_welcome.ipynb", f"{ZH}/00_welcome.ipynb", first="%matplotlib inline"),
     Document("notebooks/FACILITATOR.md", f"{ZH}/FACILITATOR.md"),
     Document("docs/facilitator/answers.md", f"{ZH}/answers.md"),
     Document("docs/facilitator/handout.md", f"{ZH}/handout.md"),
