@@ -154,6 +154,7 @@ picture: $(STAMP)
 
 # The facilitator's kit in build/kit/: slides (the suite's own figures, drawn from fresh CPU runs and the
 # recorded H200 data, in one self-contained file), the handout for one A4 page, the model answers. Offline.
+# The same three pages in Chinese go to build/kit/zh/, from notebooks/zh/ (make zh writes those).
 kit: $(STAMP)
 	MPLBACKEND=Agg $(PY) tools/build_kit.py --out build/kit
 
