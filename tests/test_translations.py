@@ -386,13 +386,14 @@ def test_the_check_runs_where_torch_cannot_be_imported() -> None:
 def test_make_zh_check_installs_no_torch_and_pyprojects_pins() -> None:
     """Without the project's venv, make zh-check makes a venv of its two packages, at pyproject.toml's pins."""
     dry = subprocess.run(
-        ["make", "-n", "--no-print-directory", "zh-check", "VENV=.no-such-venv"],
+        ["make", "-n", "--no-print-directory", "zh-check", "VENV=.no-such-venv", "ZH_VENV=.cache/no-such-zh-venv"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    assert "torch" not in dry and dry.splitlines()[-1] == ".cache/zh-venv/bin/python tools/translations.py check"
+    assert "torch" not in dry and "-m venv .cache/no-such-zh-venv" in dry
+    assert dry.splitlines()[-1] == ".cache/no-such-zh-venv/bin/python tools/translations.py check"
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     pins = re.findall(r'"((?:nbformat|polib)[=<>]=[\d.]+)"', pyproject)
     assert len(pins) == 2 and all(f'"{pin}"' in dry for pin in pins), (pins, dry)

@@ -34,7 +34,8 @@ from pathlib import Path
 import nbformat
 import polib
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when loaded by path (tests)
+if str(Path(__file__).resolve().parent) not in sys.path:  # its sibling modules, also when loaded by path (tests)
+    sys.path.append(str(Path(__file__).resolve().parent))
 import reading_times  # noqa: E402
 from translation_sync import HASH_DIGITS, live, load_catalog, sync, text_hash  # noqa: E402
 
