@@ -8,16 +8,16 @@
 ``DOCUMENTS`` lists what is translated. A notebook's code cells, their outputs and its metadata are copied
 from the English notebook, so nothing is run twice and no output is copied by hand; each markdown cell is
 one PO entry. A Markdown file is cut into headings, paragraphs, list items and table rows, one entry each;
-code blocks, table rules and the generated reading-time table are copied as they are. An entry's msgctxt
+code blocks and table rules are copied as they are, and the English reading-time table gives way to one made
+for the Chinese text (tools/reading_times.py, ``chinese_block``). An entry's msgctxt
 records what it translates: the English cell's id (notebooks only) and the first 12 hex digits of the
 SHA-256 of the English text, which is its msgid. After an English edit, ``update`` keeps the old
 translation but marks it fuzzy, with the old English as its previous msgid (``#| msgid``), and ``check``
 fails until a translator revises it and removes the flag; a cell whose id changed keeps its translation, and
 an entry whose English is gone stays as obsolete (tools/translation_sync.py). Relative links are rewritten
 for the new folder; a link to a translated file leads to its translation, and a link's anchor must name a
-heading of the file it leads to. FACILITATOR.md's reading-time table is made for the Chinese text
-(tools/reading_times.py). Only nbformat, polib and the standard library are imported: ``make zh-check``
-runs without torch.
+heading of the file it leads to. Only nbformat, polib and the standard library are imported (with the two
+sibling modules): ``make zh-check`` runs without torch.
 """
 
 from __future__ import annotations
