@@ -4,6 +4,7 @@
 # and one more for readers without a kernel:
 #   make html   the committed, executed suite as static pages in build/html/ (plots and widgets, no network)
 #   make zh     the Chinese edition in notebooks/zh/, generated from the English files and notebooks/zh/po/
+#   make zh-check  is notebooks/zh/ current and every translation up to date? (no torch needed)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,7 +27,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The checks run with the variable unset, as on a CI runner that has never heard of it.
 unexport OMP_NUM_THREADS
 
-.PHONY: setup lab lint test test-e2e test-gpu notebooks html zh picture kit clean FORCE
+.PHONY: setup lab lint test test-e2e test-gpu notebooks html zh zh-check picture kit clean FORCE
 
 # TORCH_INDEX_URL (unset by default) installs the pinned torch from another index first, e.g. the
 # CPU-only build: make lab TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -129,8 +130,23 @@ html: $(STAMP)
 
 # The Chinese edition (notebooks/zh/): the English files with the translations of notebooks/zh/po/ (tools/translations.py).
 # After an English edit: .venv/bin/python tools/translations.py update, revise the entries it marks fuzzy, then make zh.
-zh: $(STAMP)
-	$(PY) tools/translations.py
+# The tool imports only nbformat, polib and the standard library, so a translator needs no torch (several GB):
+# where the project's venv is set up, it runs there; elsewhere a venv of just those two packages (a few MB, once)
+# in .cache/zh-venv. The pins are pyproject.toml's (tests/test_translations.py compares them).
+ZH_VENV := .cache/zh-venv
+ZH_PY := $(if $(wildcard $(STAMP)),$(PY),$(ZH_VENV)/bin/python)
+ZH_PACKAGES := "nbformat>=5.10" "polib==1.2.0"
+$(ZH_VENV)/.installed-stamp:
+	$(if $(shell $(ZH_VENV)/bin/python -c '' 2>/dev/null && echo yes),,$(PYTHON_CHECK)rm -rf $(ZH_VENV) && $(PYTHON) -m venv $(ZH_VENV))
+	$(ZH_VENV)/bin/python -m pip install --disable-pip-version-check --quiet $(ZH_PACKAGES)
+	touch $@
+ZH_ENV := $(if $(wildcard $(STAMP)),,$(ZH_VENV)/.installed-stamp)
+zh: $(ZH_ENV)
+	$(ZH_PY) tools/translations.py
+
+# One OK line, or each stale file, missing or fuzzy translation and broken link anchor, and exit 1.
+zh-check: $(ZH_ENV)
+	$(ZH_PY) tools/translations.py check
 
 # README's picture (docs/divergence.png), drawn by the suite's own plotting code from a real CPU run.
 picture: $(STAMP)
@@ -138,6 +154,7 @@ picture: $(STAMP)
 
 # The facilitator's kit in build/kit/: slides (the suite's own figures, drawn from fresh CPU runs and the
 # recorded H200 data, in one self-contained file), the handout for one A4 page, the model answers. Offline.
+# The same three pages in Chinese go to build/kit/zh/, from notebooks/zh/ (make zh writes those).
 kit: $(STAMP)
 	MPLBACKEND=Agg $(PY) tools/build_kit.py --out build/kit
 

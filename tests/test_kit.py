@@ -1,6 +1,8 @@
 """The facilitator's kit (issue 35): it builds offline, the slides' figures are readable on a projector,
 the handout fits one A4 page, its code and checkpoints are the suite's own, the model answers cover every
-question and point at sections that exist, and FACILITATOR.md's word counts are the notebooks' own."""
+question and point at sections that exist, and FACILITATOR.md's word counts are the notebooks' own. The
+Chinese pages (build/kit/zh/, issue 41) are built by the same code from the Chinese edition's files, and the
+Chinese FACILITATOR.md counts the Chinese notebooks' 汉字 and Latin tokens at a stated rate."""
 
 from __future__ import annotations
 
@@ -43,14 +45,57 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 # --- the slides ----------------------------------------------------------------------------------------
 
 
-def test_the_kit_builds_offline(kit: tuple[Path, dict]) -> None:
+PAGES = ("slides.html", "handout.html", "answers.html")
+by_language = pytest.mark.parametrize("lang", build_kit.LANGUAGES, ids=lambda lang: lang.code)
+
+
+@by_language
+def test_the_kit_builds_offline(kit: tuple[Path, dict], lang) -> None:
     out, _ = kit
-    pages = {name: (out / name).read_text(encoding="utf-8") for name in ("slides.html", "handout.html", "answers.html")}
+    pages = {name: (out / lang.folder / name).read_text(encoding="utf-8") for name in PAGES}
     for name, page in pages.items():
         # Nothing loads from anywhere: no stylesheet, script or font by address, every image embedded.
-        loads = re.findall(r"<link\b|@import|url\(|<script[^>]*\bsrc=|<img(?![^>]*src=\"data:image/png;base64,)", page)
-        assert not loads, f"{name} loads something from elsewhere: {loads}"
+        loads = re.findall(
+            r"<link\b|@import|@font-face|url\(|<script[^>]*\bsrc=|<img(?![^>]*src=\"data:image/png;base64,)", page
+        )
+        assert not loads, f"{lang.folder}/{name} loads something from elsewhere: {loads}"
+        assert f"<html lang='{lang.code}'>" in page
     assert 6 <= pages["slides.html"].count("<section class='slide'>") <= 8
+
+
+def test_the_chinese_pages_say_what_the_chinese_edition_says(kit: tuple[Path, dict]) -> None:
+    out, _ = kit
+    english, chinese = ((out / folder / "slides.html").read_text(encoding="utf-8") for folder in ("", "zh"))
+    assert chinese.count("<section class='slide'>") == english.count("<section class='slide'>")
+    assert chinese.count("<img ") == english.count("<img ")  # the same figures, drawn once
+    handout = (ROOT / "notebooks" / "zh" / "handout.md").read_text(encoding="utf-8")
+    facilitator = (ROOT / "notebooks" / "zh" / "FACILITATOR.md").read_text(encoding="utf-8")
+    lead = re.search(r"^\*\*[^*]+\*\* ([^\n]{12})", handout, re.MULTILINE).group(1)  # the bug in two sentences
+    first_question = re.search(r"^## 讨论题\n.*?^1\. (\S{10})", facilitator, re.MULTILINE | re.DOTALL).group(1)
+    for text in (lead, first_question):
+        assert text in chinese, f"the Chinese slides lack {text!r} of the Chinese edition"
+    for name in ("handout.html", "answers.html"):
+        page = (out / "zh" / name).read_text(encoding="utf-8")
+        assert len(re.findall(r"[\u4e00-\u9fff]", page)) > 300, f"zh/{name} is hardly Chinese"
+    # Every section a slide names is the Chinese notebook's heading where there is one, else the English one's.
+    refs = re.findall(r"（(0[0-6]b?)，<em>([^<]+)</em>(，英文版)?）", chinese)
+    assert len(refs) >= 4
+    for notebook, section, english_only in refs:
+        zh = ROOT / "notebooks" / "zh" / next((ROOT / "notebooks").glob(f"{notebook}_*.ipynb")).name
+        assert bool(english_only) == (not zh.exists()), f"({notebook}, {section}): the Chinese notebook has it"
+        headings = [h.lstrip("#").strip() for h in (_headings(notebook) if english_only else _headings_of(zh))]
+        assert any(h.startswith(section) for h in headings), f"the Chinese slides name ({notebook}, {section})"
+
+
+def test_chinese_text_falls_back_to_cjk_fonts_the_machine_has() -> None:
+    """No web font: each family lists a Latin face, the CJK faces of macOS, Windows and Linux, then the generic
+    family; and the handout's line is as tall as the English one's, so the page budget below holds for both."""
+    fonts = build_kit.CHINESE_FONTS
+    for family, generic in (("serif", "serif"), ("sans", "sans-serif"), ("mono", "monospace")):
+        faces = [face.strip().strip('"') for face in fonts[family].split(",")]
+        assert faces[-1] == generic and {"PingFang SC", "Microsoft YaHei", "Noto Sans CJK SC"} <= set(faces)
+    lines = [float(f["size"].removesuffix("pt")) * float(f["leading"]) for f in (build_kit.ENGLISH_FONTS, fonts)]
+    assert lines[0] == pytest.approx(lines[1], abs=0.05)
 
 
 def _shown_points(figure, shown_width: float) -> list[tuple[float, str]]:
@@ -116,9 +161,13 @@ def printed_lines(markdown: str) -> float:
     return lines
 
 
-def test_the_handout_fits_one_a4_page() -> None:
-    lines = printed_lines((KIT / "handout.md").read_text(encoding="utf-8"))
-    assert lines <= A4_LINES, f"the handout fills {lines:.1f} lines of the {A4_LINES} one A4 page holds: shorten it"
+@by_language
+def test_the_handout_fits_one_a4_page(lang) -> None:
+    """A Chinese character is one em wide, a Latin one half an em: each counts as two (10.5 against 11 pt)."""
+    lines = printed_lines(re.sub(r"[\u3000-\u9fff\uff00-\uffef]", "xx", lang.handout.read_text(encoding="utf-8")))
+    assert lines <= A4_LINES, (
+        f"{lang.handout.name} ({lang.code}) fills {lines:.1f} lines of the {A4_LINES} one A4 page holds: shorten it"
+    )
 
 
 def test_the_page_budget_counts_wrapped_prose_code_and_headings() -> None:
@@ -167,7 +216,10 @@ def section_references(markdown: str) -> list[tuple[str, str]]:
 
 
 def _headings(number: str) -> list[str]:
-    path = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+    return _headings_of(next((ROOT / "notebooks").glob(f"{number}_*.ipynb")))
+
+
+def _headings_of(path: Path) -> list[str]:
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     return [
         line
@@ -222,3 +274,32 @@ def test_facilitators_word_counts_are_the_notebooks_own() -> None:
     assert text == reading_times.with_table(text), (
         "FACILITATOR.md's reading-time table is stale: run .venv/bin/python tools/reading_times.py --write"
     )
+
+
+def test_chinese_reading_counts_hanzi_and_latin_tokens() -> None:
+    text = "CUDA 图的 `copy_` 和 FULL_AND_PIECEWISE，见 [04 的修复](../04_missing_metadata_bug.ipynb#The-fix)、0.25。"
+    # 汉字: 图 的 和 见 的 修 复 (7); Latin tokens: CUDA, copy_ as copy, FULL_AND_PIECEWISE, 04, 0.25 (5), no link target
+    assert reading_times.chinese_counts(text) == (7, 5)
+
+
+def test_chinese_reading_minutes_use_the_stated_rates() -> None:
+    """255 汉字 and 120 Latin tokens (the title's 3 and "00b" among them) are a minute each; no code, no run time."""
+    cell = {
+        "cell_type": "markdown",
+        "id": "x",
+        "metadata": {},
+        "source": "# 00b · 试读：一\n\n" + "汉" * 252 + " w" * 119,
+    }
+    notebook = json.dumps({"cells": [cell]})
+    table = reading_times.chinese_table([("notebooks/00b_express.ipynb", notebook)])
+    assert "| 00b · 试读 | 255 | 120 | 2.0 分钟 | – |" in table.splitlines()
+    assert reading_times.ZH_RATE == 255 and reading_times.RATES[1] == 120
+
+
+def test_the_chinese_facilitator_states_its_rates_and_their_source() -> None:
+    text = (ROOT / "notebooks" / "zh" / "FACILITATOR.md").read_text(encoding="utf-8")
+    block = text.split(reading_times.ZH_BEGIN, 1)[1].split(reading_times.END, 1)[0]
+    assert "| 中文 notebook | 汉字 | 拉丁词 |" in block and "60 分钟版" in block
+    for stated in (f"汉字按每分钟 {reading_times.ZH_RATE} 字", f"每分钟 {reading_times.RATES[1]} 词", "IReST"):
+        assert stated in block, f"the Chinese reading times do not state {stated!r}"
+    assert "https://doi.org/10.1167/iovs.11-8284" in block

@@ -49,7 +49,7 @@ def test_the_committed_files_are_what_the_generator_makes(doc) -> None:
 
 @by_document
 def test_every_po_entry_records_the_hash_of_its_english(doc) -> None:
-    for entry in polib.pofile(str(ROOT / doc.po)):
+    for entry in [e for e in polib.pofile(str(ROOT / doc.po)) if not e.obsolete]:  # obsolete: kept, not used
         recorded = entry.msgctxt.split()[-1]
         assert recorded == translations.text_hash(entry.msgid), f"{doc.po}: {entry.msgctxt} does not hash its msgid"
         assert "fuzzy" not in entry.flags and entry.msgstr.strip(), f"{doc.po}: {entry.msgctxt} is not translated"
@@ -82,19 +82,20 @@ def test_an_english_cell_edited_alone_fails_with_the_cell_and_the_command(scratc
     doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
     _edit_notebook_cell(scratch / doc.source, "e23519aa", "16 decode steps", "12 decode steps")
     _, problems = translations.build(doc)
+    named = "cell e23519aa ('That holds for attention, not for the other…')"  # its first words: no heading
     assert problems == [
-        f"{doc.source} cell e23519aa: changed since it was translated; run `.venv/bin/python "
+        f"{doc.source} {named}: changed since it was translated; run `.venv/bin/python "
         f"tools/translations.py update`, translate the entries it marks fuzzy or leaves empty in "
         f"{doc.po}, then `make zh`"
     ]
     assert translations.main(["check"]) == 1
 
     notes = translations.update(doc)  # keeps the old translation as a start, flags it, shows the old English
-    assert notes == [f"{doc.po}: fuzzy, the English changed: cell e23519aa"]
+    assert notes == [f"{doc.po}: fuzzy, the English changed: {named}"]
     entry = next(e for e in polib.pofile(str(scratch / doc.po)) if e.msgctxt.startswith("e23519aa "))
     assert "fuzzy" in entry.flags and "16 decode steps" in entry.previous_msgid and "12 decode steps" in entry.msgid
     _, problems = translations.build(doc)
-    assert len(problems) == 1 and "cell e23519aa: its translation is marked fuzzy" in problems[0]
+    assert len(problems) == 1 and f"{named}: its translation is marked fuzzy" in problems[0]
 
     catalog = polib.pofile(str(scratch / doc.po))
     entry = next(e for e in catalog if e.msgctxt.startswith("e23519aa "))
@@ -102,6 +103,119 @@ def test_an_english_cell_edited_alone_fails_with_the_cell_and_the_command(scratc
     catalog.save()
     text, problems = translations.build(doc)
     assert problems == [] and "12 个 decode step" in text
+
+
+def _entry(path: Path, cell_id: str) -> polib.POEntry:
+    return next(e for e in polib.pofile(str(path)) if e.msgctxt.startswith(f"{cell_id} ") and not e.obsolete)
+
+
+def test_the_fuzzy_entrys_previous_msgid_is_the_english_its_translation_translates(scratch: Path) -> None:
+    """Another sync before the translator comes keeps the previous msgid; a second edit keeps the first
+    English, the one the old translation was written for, not the intermediate one."""
+    doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
+    _edit_notebook_cell(scratch / doc.source, "e23519aa", "16 decode steps", "12 decode steps")
+    translations.update(doc)
+    assert translations.update(doc) == []  # nothing changed: no note, and the fuzzy entry stays as it is
+    entry = _entry(scratch / doc.po, "e23519aa")
+    assert "fuzzy" in entry.flags and "16 decode steps" in entry.previous_msgid
+    assert '#| msgid "' in (scratch / doc.po).read_text(encoding="utf-8")
+
+    _edit_notebook_cell(scratch / doc.source, "e23519aa", "12 decode steps", "10 decode steps")
+    translations.update(doc)
+    entry = _entry(scratch / doc.po, "e23519aa")
+    assert "10 decode steps" in entry.msgid and "16 decode steps" in entry.previous_msgid
+    assert "16 个 decode step" in entry.msgstr
+
+
+def test_a_cell_whose_id_changed_keeps_its_translation(scratch: Path) -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
+    path = scratch / doc.source
+    path.write_text(path.read_text(encoding="utf-8").replace('"id": "e23519aa"', '"id": "c0ffee00"'), encoding="utf-8")
+    before = _entry(scratch / doc.po, "e23519aa")
+    _, problems = translations.build(doc)
+    assert len(problems) == 1 and "cell c0ffee00 ('That holds for attention" in problems[0]
+
+    notes = translations.update(doc)  # the same English under a new id: its translation, not fuzzy
+    assert notes == [
+        f"{doc.po}: kept, the same English under a new msgctxt (was {before.msgctxt}): "
+        "cell c0ffee00 ('That holds for attention, not for the other…')"
+    ]
+    entry = _entry(scratch / doc.po, "c0ffee00")
+    assert entry.msgstr == before.msgstr and entry.msgid == before.msgid and "fuzzy" not in entry.flags
+    assert not [e for e in polib.pofile(str(scratch / doc.po)) if e.obsolete]
+    text, problems = translations.build(doc)
+    cell = next(c for c in json.loads(text)["cells"] if c["id"] == "c0ffee00")
+    assert problems == [] and "".join(cell["source"]) == before.msgstr
+
+
+def test_an_entry_whose_english_is_gone_stays_obsolete_and_comes_back(scratch: Path) -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
+    path, po = scratch / doc.source, scratch / doc.po
+    english, before = path.read_text(encoding="utf-8"), _entry(po, "ebf50a30")
+    notebook = json.loads(english)
+    notebook["cells"] = [c for c in notebook["cells"] if c["id"] != "ebf50a30"]
+    path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert translations.update(doc) == [f"{doc.po}: obsolete, kept as #~ (its English is gone): {before.msgctxt}"]
+    assert f'#~ msgctxt "{before.msgctxt}"' in po.read_text(encoding="utf-8")
+    obsolete = [e for e in polib.pofile(str(po)) if e.obsolete]
+    assert [(e.msgctxt, e.msgstr) for e in obsolete] == [(before.msgctxt, before.msgstr)]
+    assert translations.update(doc) == []  # and it stays there, sync after sync
+
+    path.write_text(english, encoding="utf-8")  # the cell comes back: so does its translation
+    assert translations.update(doc) == []
+    assert not [e for e in polib.pofile(str(po)) if e.obsolete]
+    assert _entry(po, "ebf50a30").msgstr == before.msgstr
+    assert translations.build(doc)[1] == []
+
+
+def test_a_stale_cell_is_named_by_its_heading(scratch: Path) -> None:
+    doc = next(d for d in DOCUMENTS if d.source.endswith("04_missing_metadata_bug.ipynb"))
+    _edit_notebook_cell(scratch / doc.source, "041f39c5", "already safe", "always safe")
+    _, problems = translations.build(doc)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{doc.source} cell 041f39c5 ('Breakable PIECEWISE was always safe'): changed")
+
+
+def test_check_fails_on_a_generated_file_that_differs_from_what_the_sources_make(
+    scratch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = scratch / "notebooks" / "zh" / "handout.md"
+    target.write_text(target.read_text(encoding="utf-8").replace("一页纸", "两页纸"), encoding="utf-8")
+    assert translations.main(["check"]) == 1
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "notebooks/zh/handout.md is not what the English and notebooks/zh/po/handout.po make now: run `make zh`"
+    ]
+    assert "OK" not in out
+    assert translations.main(["build"]) == 0 and translations.main(["check"]) == 0
+
+
+def test_check_prints_one_ok_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert translations.main(["check"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.splitlines()) == 1 and out.startswith("translations OK: the ")
+
+
+def test_an_anchor_that_names_no_heading_fails_the_check(scratch: Path) -> None:
+    """The generated note of the glossary links 00_welcome.ipynb#Glossary: rename the English heading, and the
+    cell still starts with DOCUMENTS' "## Glossary", but the anchor leads nowhere."""
+    doc = next(d for d in DOCUMENTS if d.target.endswith("00_glossary.ipynb"))
+    _edit_notebook_cell(scratch / doc.source, "d5b2fb27", "## Glossary", "## Glossary of terms")
+    _, problems = translations.build(doc)
+    assert f"{doc.target}: the link ../00_welcome.ipynb#Glossary names no heading of notebooks/00_welcome.ipynb" in (
+        "\n".join(problems)
+    )
+
+
+def test_anchors_are_read_as_jupyterlab_and_a_code_host_make_them() -> None:
+    doc = next(d for d in DOCUMENTS if d.target.endswith("04_missing_metadata_bug.ipynb"))
+    good = (
+        "[a](../04_missing_metadata_bug.ipynb#The-fix) [b](../01_cuda_graphs_101.ipynb#Static-buffers:-copy_,"
+        "-never-rebinding) [c](../../CONTRIBUTING.md#the-chinese-edition-make-zh) [d](https://x.org/a.md#Nowhere)"
+    )
+    assert translations.anchor_problems(good, doc) == []
+    bad = translations.anchor_problems("[e](../04_missing_metadata_bug.ipynb#The-fixes)", doc)
+    assert len(bad) == 1 and "the link ../04_missing_metadata_bug.ipynb#The-fixes names no heading" in bad[0]
 
 
 def test_an_edited_markdown_paragraph_keeps_its_translation_as_a_fuzzy_start(scratch: Path) -> None:
@@ -124,9 +238,11 @@ def test_a_new_english_cell_is_an_empty_entry_and_the_rest_stays(scratch: Path) 
     notebook = json.loads((scratch / doc.source).read_text(encoding="utf-8"))
     notebook["cells"].insert(3, {"cell_type": "markdown", "id": "n3wce11", "metadata": {}, "source": ["A new note."]})
     (scratch / doc.source).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    assert translations.update(doc) == [f"{doc.po}: new, to translate: cell n3wce11"]
+    assert translations.update(doc) == [f"{doc.po}: new, to translate: cell n3wce11 ('A new note.')"]
     text, problems = translations.build(doc)
-    assert problems == [f"{doc.source} cell n3wce11: not translated yet; " + translations.FIX.format(po=doc.po)]
+    assert problems == [
+        f"{doc.source} cell n3wce11 ('A new note.'): not translated yet; " + translations.FIX.format(po=doc.po)
+    ]
     assert "A new note." in text and "快速路径" in text  # English where there is no translation, Chinese elsewhere
 
 
@@ -252,13 +368,34 @@ def test_every_section_a_chinese_doc_names_exists(doc) -> None:
     assert refs and not stale, f"{doc.target} names sections no notebook has: {stale}"
 
 
-def test_the_chinese_handout_fits_one_a4_page() -> None:
-    """test_kit's budget, with each Chinese character as wide as two Latin ones (one em against half an em)."""
-    from test_kit import A4_LINES, printed_lines
+# --- make zh-check: no torch ---------------------------------------------------------------------------------------
 
-    text = (ROOT / "notebooks" / "zh" / "handout.md").read_text(encoding="utf-8")
-    lines = printed_lines(re.sub(r"[\u3000-\u9fff\uff00-\uffef]", "xx", text))
-    assert lines <= A4_LINES, f"the Chinese handout fills {lines:.1f} lines of {A4_LINES}: shorten it"
+
+def test_the_check_runs_where_torch_cannot_be_imported() -> None:
+    """make zh-check runs in a venv of nbformat and polib alone: the tool imports nothing of the suite's."""
+    blocked = ("torch", "cglab", "matplotlib", "numpy", "mistune", "ipywidgets")
+    code = (
+        f"import runpy, sys; sys.modules.update(dict.fromkeys({blocked!r})); sys.argv = ['translations.py', 'check']; "
+        "runpy.run_path('tools/translations.py', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("translations OK"), done.stderr[-2000:]
+
+
+def test_make_zh_check_installs_no_torch_and_pyprojects_pins() -> None:
+    """Without the project's venv, make zh-check makes a venv of its two packages, at pyproject.toml's pins."""
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", "zh-check", "VENV=.no-such-venv", "ZH_VENV=.cache/no-such-zh-venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "torch" not in dry and "-m venv .cache/no-such-zh-venv" in dry
+    assert dry.splitlines()[-1] == ".cache/no-such-zh-venv/bin/python tools/translations.py check"
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    pins = re.findall(r'"((?:nbformat|polib)[=<>]=[\d.]+)"', pyproject)
+    assert len(pins) == 2 and all(f'"{pin}"' in dry for pin in pins), (pins, dry)
 
 
 # --- the Chinese notebooks are not run or counted a second time ---------------------------------------------------

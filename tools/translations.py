@@ -2,25 +2,29 @@
 
     python tools/translations.py           # write notebooks/zh/ from the English files and notebooks/zh/po/ (make zh)
     python tools/translations.py update    # after an English edit: sync the PO files; changed entries turn fuzzy
-    python tools/translations.py check     # name every stale, fuzzy or missing translation; exit 1 if there is one
+    python tools/translations.py check     # name every stale, fuzzy or missing translation, stale file or broken
+                                           # anchor; exit 1 if there is one, else print one OK line (make zh-check)
 
 ``DOCUMENTS`` lists what is translated. A notebook's code cells, their outputs and its metadata are copied
 from the English notebook, so nothing is run twice and no output is copied by hand; each markdown cell is
 one PO entry. A Markdown file is cut into headings, paragraphs, list items and table rows, one entry each;
-code blocks, table rules and the generated reading-time table are copied as they are. An entry's msgctxt
+code blocks and table rules are copied as they are, and the English reading-time table gives way to one made
+for the Chinese text (tools/reading_times.py, ``chinese_block``). An entry's msgctxt
 records what it translates: the English cell's id (notebooks only) and the first 12 hex digits of the
 SHA-256 of the English text, which is its msgid. After an English edit, ``update`` keeps the old
 translation but marks it fuzzy, with the old English as its previous msgid (``#| msgid``), and ``check``
-fails until a translator revises it and removes the flag. Relative links are rewritten for the new folder;
-a link to a translated file leads to its translation.
+fails until a translator revises it and removes the flag; a cell whose id changed keeps its translation, and
+an entry whose English is gone stays as obsolete (tools/translation_sync.py). Relative links are rewritten
+for the new folder; a link to a translated file leads to its translation, and a link's anchor must name a
+heading of the file it leads to. Only nbformat, polib and the standard library are imported (with the two
+sibling modules): ``make zh-check`` runs without torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import difflib
-import hashlib
+import json
 import os
 import re
 import sys
@@ -30,9 +34,13 @@ from pathlib import Path
 import nbformat
 import polib
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # its sibling modules, also when loaded by path (tests)
+    sys.path.append(str(Path(__file__).resolve().parent))
+import reading_times  # noqa: E402
+from translation_sync import HASH_DIGITS, live, load_catalog, sync, text_hash  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ZH = "notebooks/zh"
-HASH_DIGITS = 12
 FIX = (
     "run `.venv/bin/python tools/translations.py update`, translate the entries it marks fuzzy or leaves "
     "empty in {po}, then `make zh`"
@@ -93,14 +101,28 @@ class Unit:
         """The msgctxt of its PO entry: the cell id and the hash of the English text."""
         return f"{self.key} {text_hash(self.text)}".strip()
 
+    @property
+    def named(self) -> str:
+        """How messages name it: a cell by its id and its heading or first words (a block's ``where`` quotes it)."""
+        if not self.key:
+            return self.where
+        first = self.text.strip().split("\n", 1)[0]
+        words = self.text.split()
+        name = first.lstrip("#").strip() if first.startswith("#") else " ".join(words[:8]) + "…" * (len(words) > 8)
+        return f"{self.where} ({name!r})"
 
-def text_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_DIGITS]
+
+INLINE = re.compile(r"\[([^\]]*)\]\([^)]*\)|[*`]")  # a link (kept: its text) or an emphasis or code mark (dropped)
 
 
 def anchor(heading: str) -> str:
-    """The anchor JupyterLab and nbconvert give a heading: its text, spaces as dashes."""
-    return heading.lstrip("#").strip().replace(" ", "-")
+    """The anchor JupyterLab and nbconvert give a heading: its text as shown, spaces as dashes."""
+    return INLINE.sub(r"\1", heading.lstrip("#").strip()).replace(" ", "-")
+
+
+def markdown_anchor(heading: str) -> str:
+    """The anchor a Markdown file's heading gets on a code host: lower case, punctuation dropped, dashes."""
+    return re.sub(r"[^\w\- ]", "", INLINE.sub(r"\1", heading.lstrip("#").strip()).lower()).replace(" ", "-")
 
 
 # --- cutting the English files into units ----------------------------------------------------------------------
@@ -176,62 +198,13 @@ def _header(doc: Document) -> str:
     )
 
 
-def load_catalog(doc: Document) -> polib.POFile:
-    path = ROOT / doc.po
-    if path.exists():
-        return polib.pofile(str(path), wrapwidth=100)
-    catalog = polib.POFile(wrapwidth=100)
-    catalog.metadata = {
-        "Project-Id-Version": "cglab",
-        "Language": "zh_CN",
-        "MIME-Version": "1.0",
-        "Content-Type": "text/plain; charset=UTF-8",
-        "Content-Transfer-Encoding": "8bit",
-    }
-    return catalog
-
-
-def _entries(catalog: polib.POFile) -> list[polib.POEntry]:
-    return [e for e in catalog if not e.obsolete]
-
-
-def _matched(units: list[Unit], entries: list[polib.POEntry], by_key: bool) -> list[polib.POEntry | None]:
-    """The old entry each unit inherits: the one with its cell id (notebooks); in a Markdown file, the one in
-    its place when the old and new sequences of hashes are aligned, so an edited paragraph keeps its
-    translation as a starting point."""
-    if by_key:
-        old = {e.msgctxt.split()[0]: e for e in entries}
-        return [old.get(u.key) for u in units]
-    matched: list[polib.POEntry | None] = [None] * len(units)
-    hashes = [e.msgctxt for e in entries]
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, hashes, [u.context for u in units], False).get_opcodes():
-        if tag in ("equal", "replace"):
-            for offset in range(min(a1 - a0, b1 - b0)):
-                matched[b0 + offset] = entries[a0 + offset]
-    return matched
-
-
 def update(doc: Document) -> list[str]:
-    """Bring ``doc``'s PO file in line with the English; return one line per entry added or marked fuzzy."""
-    catalog, units = load_catalog(doc), english_units(doc)
-    notes, fresh, seen = [], polib.POFile(wrapwidth=100), set()
-    fresh.header, fresh.metadata = _header(doc), catalog.metadata
-    for unit, old in zip(units, _matched(units, _entries(catalog), doc.is_notebook)):
-        if unit.context in seen:
-            continue  # the same text twice in one file: one entry serves both
-        seen.add(unit.context)
-        entry = polib.POEntry(msgctxt=unit.context, msgid=unit.text, msgstr="", comment=f"{doc.source}, {unit.where}")
-        if old is not None and old.msgctxt == unit.context:
-            entry.msgstr, entry.flags, entry.previous_msgid = old.msgstr, old.flags, old.previous_msgid
-        elif old is not None and old.msgstr:
-            entry.msgstr, entry.flags = old.msgstr, ["fuzzy"]
-            entry.previous_msgid = old.previous_msgid if "fuzzy" in old.flags and old.previous_msgid else old.msgid
-            notes.append(f"{doc.po}: fuzzy, the English changed: {unit.where}")
-        else:
-            notes.append(f"{doc.po}: new, to translate: {unit.where}")
-        fresh.append(entry)
+    """Bring ``doc``'s PO file in line with the English (tools/translation_sync.py); return one line per entry
+    added, kept under a new msgctxt, marked fuzzy or made obsolete."""
+    catalog = load_catalog(ROOT / doc.po)
+    notes = sync(catalog, english_units(doc), doc.is_notebook, _header(doc), doc.po, doc.source)
     (ROOT / doc.po).parent.mkdir(parents=True, exist_ok=True)
-    fresh.save(str(ROOT / doc.po))
+    catalog.save(str(ROOT / doc.po))
     return notes
 
 
@@ -287,17 +260,17 @@ def translate(unit: Unit, catalog: polib.POFile, doc: Document) -> tuple[str, li
     entry = catalog.find(unit.text, msgctxt=unit.context)
     fix = FIX.format(po=doc.po)
     if entry is None:
-        before = unit.key and any(e.msgctxt.split()[0] == unit.key for e in _entries(catalog))
+        before = unit.key and any(e.msgctxt.split()[0] == unit.key for e in live(catalog))
         reason = "changed since it was translated" if before else "is new, or changed since it was translated"
-        return unit.text, [f"{doc.source} {unit.where}: {reason}; {fix}"]
+        return unit.text, [f"{doc.source} {unit.named}: {reason}; {fix}"]
     if "fuzzy" in entry.flags:
         return unit.text, [
-            f"{doc.source} {unit.where}: its translation is marked fuzzy (the English changed); "
+            f"{doc.source} {unit.named}: its translation is marked fuzzy (the English changed); "
             f"revise it in {doc.po}, remove the fuzzy flag, then `make zh`"
         ]
     if not entry.msgstr.strip():
-        return unit.text, [f"{doc.source} {unit.where}: not translated yet; {fix}"]
-    return entry.msgstr, [f"{doc.po}, {unit.where}: the translation {p}" for p in lint(unit.text, entry.msgstr)]
+        return unit.text, [f"{doc.source} {unit.named}: not translated yet; {fix}"]
+    return entry.msgstr, [f"{doc.po}, {unit.named}: the translation {p}" for p in lint(unit.text, entry.msgstr)]
 
 
 def _note(doc: Document) -> str:
@@ -335,7 +308,9 @@ def build_markdown(doc: Document, catalog: polib.POFile) -> tuple[str, list[str]
     parts, problems = [], []
     for unit in markdown_units((ROOT / doc.source).read_text(encoding="utf-8")):
         text = unit.text
-        if unit.translatable:
+        if text.startswith(TABLE_BEGIN):  # the English reading times: the Chinese text's own instead
+            text = reading_times.chinese_block([(d.source, build(d)[0]) for d in DOCUMENTS if d.is_notebook])
+        elif unit.translatable:
             text, found = translate(unit, catalog, doc)
             problems += found
         parts.append(relink(text, doc))
@@ -344,10 +319,38 @@ def build_markdown(doc: Document, catalog: polib.POFile) -> tuple[str, list[str]
     return "\n".join(parts), problems
 
 
+ANCHORED = re.compile(r"\]\(([^)\s#:]+)#([^)\s]+)\)")  # a relative link with an anchor: (path, anchor)
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors of ``path``'s headings: a notebook's as JupyterLab makes them, a Markdown file's as a code
+    host does."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        lines = [line for c in cells if c["cell_type"] == "markdown" for line in "".join(c["source"]).splitlines()]
+        return {anchor(line) for line in lines if line.startswith("#")}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {markdown_anchor(line) for line in lines if line.startswith("#")}
+
+
+def anchor_problems(text: str, doc: Document) -> list[str]:
+    """The relative links of ``doc``'s translation whose anchor names no heading of the file they lead to."""
+    problems, folder = [], (ROOT / doc.target).parent
+    for link, section in dict.fromkeys(ANCHORED.findall(text)):
+        path = Path(os.path.normpath(folder / link))
+        if path.suffix in (".ipynb", ".md") and path.is_file() and section not in heading_anchors(path):
+            problems.append(
+                f"{doc.target}: the link {link}#{section} names no heading of {path.relative_to(ROOT).as_posix()}; "
+                f"correct it in {doc.po} (or, for the generated note, the heading in DOCUMENTS)"
+            )
+    return problems
+
+
 def build(doc: Document) -> tuple[str, list[str]]:
     """The text of ``doc``'s translation as the English and the PO file make it now, and the problems found."""
-    catalog = load_catalog(doc)
-    return (build_notebook if doc.is_notebook else build_markdown)(doc, catalog)
+    catalog = load_catalog(ROOT / doc.po)
+    text, problems = (build_notebook if doc.is_notebook else build_markdown)(doc, catalog)
+    return text, problems + anchor_problems(text, doc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"{doc.target} is not what the English and {doc.po} make now: run `make zh`")
     for problem in problems:
         print(problem, file=sys.stderr)
+    if args.command == "check" and not problems:
+        print(
+            f"translations OK: the {len(DOCUMENTS)} files in {ZH}/ are what the English and their PO files make, "
+            "every entry translated and current, every link's anchor a heading"
+        )
     if args.command == "build":
         print(
             f"wrote {len(DOCUMENTS)} files to {ZH}/"
