@@ -196,15 +196,17 @@ def test_check_prints_one_ok_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert err == "" and len(out.splitlines()) == 1 and out.startswith("translations OK: the ")
 
 
-def test_an_anchor_that_names_no_heading_fails_the_check(scratch: Path) -> None:
-    """The generated note of the glossary links 00_welcome.ipynb#Glossary: rename the English heading, and the
-    cell still starts with DOCUMENTS' "## Glossary", but the anchor leads nowhere."""
+def test_the_generated_notes_link_the_heading_their_cut_is_under(scratch: Path) -> None:
+    """A note's anchor is the heading at (or nearest to) the cut, so renaming that heading moves the link with
+    it; a cut at a code cell (zh 00) or a bold line (zh 04's end) links the nearest heading."""
     doc = next(d for d in DOCUMENTS if d.target.endswith("00_glossary.ipynb"))
     _edit_notebook_cell(scratch / doc.source, "d5b2fb27", "## Glossary", "## Glossary of terms")
-    _, problems = translations.build(doc)
-    assert f"{doc.target}: the link ../00_welcome.ipynb#Glossary names no heading of notebooks/00_welcome.ipynb" in (
-        "\n".join(problems)
-    )
+    text, problems = translations.build(doc)
+    assert "../00_welcome.ipynb#Glossary-of-terms)" in text and not [p for p in problems if "names no heading" in p]
+    welcome = next(d for d in DOCUMENTS if d.target.endswith("zh/00_welcome.ipynb"))
+    assert "../00_welcome.ipynb#Your-environment)" in translations.build(welcome)[0]
+    bug = next(d for d in DOCUMENTS if d.target.endswith("zh/04_missing_metadata_bug.ipynb"))
+    assert "../04_missing_metadata_bug.ipynb#The-fix)" in translations.build(bug)[0]
 
 
 def test_anchors_are_read_as_jupyterlab_and_a_code_host_make_them() -> None:

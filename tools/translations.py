@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import re
 import sys
@@ -37,6 +36,7 @@ import polib
 if str(Path(__file__).resolve().parent) not in sys.path:  # its sibling modules, also when loaded by path (tests)
     sys.path.append(str(Path(__file__).resolve().parent))
 import reading_times  # noqa: E402
+from translation_links import anchor, anchor_problems  # noqa: E402
 from translation_sync import HASH_DIGITS, live, load_catalog, sync, text_hash  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,19 +110,6 @@ class Unit:
         words = self.text.split()
         name = first.lstrip("#").strip() if first.startswith("#") else " ".join(words[:8]) + "…" * (len(words) > 8)
         return f"{self.where} ({name!r})"
-
-
-INLINE = re.compile(r"\[([^\]]*)\]\([^)]*\)|[*`]")  # a link (kept: its text) or an emphasis or code mark (dropped)
-
-
-def anchor(heading: str) -> str:
-    """The anchor JupyterLab and nbconvert give a heading: its text as shown, spaces as dashes."""
-    return INLINE.sub(r"\1", heading.lstrip("#").strip()).replace(" ", "-")
-
-
-def markdown_anchor(heading: str) -> str:
-    """The anchor a Markdown file's heading gets on a code host: lower case, punctuation dropped, dashes."""
-    return re.sub(r"[^\w\- ]", "", INLINE.sub(r"\1", heading.lstrip("#").strip()).lower()).replace(" ", "-")
 
 
 # --- cutting the English files into units ----------------------------------------------------------------------
@@ -273,9 +260,19 @@ def translate(unit: Unit, catalog: polib.POFile, doc: Document) -> tuple[str, li
     return entry.msgstr, [f"{doc.po}, {unit.named}: the translation {p}" for p in lint(unit.text, entry.msgstr)]
 
 
-def _note(doc: Document) -> str:
+def _heading(cells: list[nbformat.NotebookNode], index: int, step: int) -> str:
+    """The heading a cut at ``cells[index]`` links to: the cell's own, else the nearest one in ``step``'s
+    direction (a cut may start at a code cell or end at a bold line, which have no anchor)."""
+    for cell in cells[index::step]:
+        line = cell.source.lstrip().split("\n", 1)[0]
+        if cell.cell_type == "markdown" and line.startswith("#"):
+            return line
+    return ""
+
+
+def _note(doc: Document, heading: str = "") -> str:
     link = Path(os.path.relpath(ROOT / doc.source, (ROOT / doc.target).parent)).as_posix()
-    section = f"#{anchor(doc.first)}" if doc.first else ""
+    section = f"#{anchor(heading)}" if heading else ""
     return ORIGINAL.format(
         name=Path(doc.source).name, link=link + section, extra=NOTEBOOK_EXTRA if doc.is_notebook else ""
     )
@@ -290,12 +287,15 @@ def build_notebook(doc: Document, catalog: polib.POFile) -> tuple[str, list[str]
             text, found = translate(Unit(cell.source, f"cell {cell.id}", key=cell.id), catalog, doc)
             cell.source, problems = relink(text, doc), problems + found
         cells.append(cell)
-    cells.insert(1, nbformat.v4.new_markdown_cell(_note(doc), id="zh-original"))
+    index = {cell.id: i for i, cell in enumerate(notebook.cells)}
+    first, last = index[cells[0].id], index[cells[-1].id]
+    first = _heading(notebook.cells, first, 1) if doc.first else ""
+    under = next(i for i, cell in enumerate(cells) if cell.cell_type == "markdown") + 1  # the first heading
+    cells.insert(under, nbformat.v4.new_markdown_cell(_note(doc, first), id="zh-original"))
     if doc.until:
         link = Path(os.path.relpath(ROOT / doc.source, (ROOT / doc.target).parent)).as_posix()
-        rest = REST.format(
-            heading=doc.until.lstrip("#").strip(), name=Path(doc.source).name, link=link, anchor=anchor(doc.until)
-        )
+        section = anchor(_heading(notebook.cells, last + 1, -1))
+        rest = REST.format(heading=doc.until.strip("#* "), name=Path(doc.source).name, link=link, anchor=section)
         cells.append(nbformat.v4.new_markdown_cell(rest, id="zh-rest"))
     widget_view = "application/vnd.jupyter.widget-view+json"
     if not any(widget_view in o.get("data", {}) for c in cells if c.cell_type == "code" for o in c.outputs):
@@ -319,38 +319,11 @@ def build_markdown(doc: Document, catalog: polib.POFile) -> tuple[str, list[str]
     return "\n".join(parts), problems
 
 
-ANCHORED = re.compile(r"\]\(([^)\s#:]+)#([^)\s]+)\)")  # a relative link with an anchor: (path, anchor)
-
-
-def heading_anchors(path: Path) -> set[str]:
-    """The anchors of ``path``'s headings: a notebook's as JupyterLab makes them, a Markdown file's as a code
-    host does."""
-    if path.suffix == ".ipynb":
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        lines = [line for c in cells if c["cell_type"] == "markdown" for line in "".join(c["source"]).splitlines()]
-        return {anchor(line) for line in lines if line.startswith("#")}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return {markdown_anchor(line) for line in lines if line.startswith("#")}
-
-
-def anchor_problems(text: str, doc: Document) -> list[str]:
-    """The relative links of ``doc``'s translation whose anchor names no heading of the file they lead to."""
-    problems, folder = [], (ROOT / doc.target).parent
-    for link, section in dict.fromkeys(ANCHORED.findall(text)):
-        path = Path(os.path.normpath(folder / link))
-        if path.suffix in (".ipynb", ".md") and path.is_file() and section not in heading_anchors(path):
-            problems.append(
-                f"{doc.target}: the link {link}#{section} names no heading of {path.relative_to(ROOT).as_posix()}; "
-                f"correct it in {doc.po} (or, for the generated note, the heading in DOCUMENTS)"
-            )
-    return problems
-
-
 def build(doc: Document) -> tuple[str, list[str]]:
     """The text of ``doc``'s translation as the English and the PO file make it now, and the problems found."""
     catalog = load_catalog(ROOT / doc.po)
     text, problems = (build_notebook if doc.is_notebook else build_markdown)(doc, catalog)
-    return text, problems + anchor_problems(text, doc)
+    return text, problems + anchor_problems(text, doc, ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:
