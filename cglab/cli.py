@@ -1,4 +1,4 @@
-"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``). Arguments are checked
+"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``, ``matrix``). Arguments are checked
 before torch is imported (seconds), so a typo is refused at once: this module and its imports stay free of
 torch; the commands import the engine when they run."""
 
@@ -19,6 +19,7 @@ from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig, S
 from cglab.config import DEVICES, PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig
 from cglab.errors import CglabError, ConfigError, NotSavedError
 from cglab.layer_registry import get_layer_kind, layer_kinds
+from cglab.matrix_cli import add_matrix
 
 OPS = ", ".join(get_layer_kind(k).op for k in layer_kinds())
 
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repro(sub)
     add_bench(sub)
     add_startup(sub)
+    add_matrix(sub)
     return parser
 
 
