@@ -1,4 +1,5 @@
-"""``python -m cglab matrix``: the capture matrix of a layer pattern, as a table or one JSON object."""
+"""``python -m cglab matrix``: the capture matrix of a layer pattern, as a table or one JSON object. The
+bug zoo's kinds are registered before the pattern is checked, so ``--layers guard_49364,attn`` works."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from cglab.config import DEVICES, ToyConfig
 
 EXAMPLES = (
     (f"{PROG} matrix", "the default pattern through every configuration: the legacy rows show the bug"),
-    (f"{PROG} matrix --layers sconv,attn --check", "exit 0: only the legacy rows diverge"),
+    (f"{PROG} matrix --layers fresh_tensor,attn --check", "a bug-zoo op: exit 1, its fixed-path rows diverge"),
 )
 
 
@@ -27,7 +28,7 @@ def add_matrix(sub: argparse._SubParsersAction) -> None:
         "for bad arguments.",
         *EXAMPLES,
     )
-    p.add_argument("--layers", default="sconv,attn,compressor,attn", help="layer kinds, built in or registered")
+    p.add_argument("--layers", default="sconv,attn,compressor,attn", help="layer kinds, built in or bug zoo")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--check", action="store_true", help="exit 1 if a row of the fixed capture path did not match")
@@ -35,6 +36,8 @@ def add_matrix(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_matrix(args: argparse.Namespace) -> None:
+    import cglab.bug_zoo  # noqa: F401  (registers the zoo's kinds; imports torch)
+
     args.config = ToyConfig(layers=args.layers)
 
 
