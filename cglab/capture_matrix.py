@@ -203,7 +203,9 @@ def _finding(
     in_pieces = [k for k in config.layers if not get_layer_kind(k).splitting]
     compiled_piecewise = not cc.use_breakable_cg and CUDAGraphMode.PIECEWISE in cc.cudagraph_mode.runtime_modes()
     if cc.legacy_skip_attn and compiled_piecewise and in_pieces:
-        return f"no attention metadata at capture: {', '.join(dict.fromkeys(in_pieces))} recorded its None branch"
+        kinds = list(dict.fromkeys(in_pieces))
+        their = "its" if len(kinds) == 1 else "their"
+        return f"no attention metadata at capture: {', '.join(kinds)} recorded {their} None branch"
     rerun = _run(case, config, device, check_addresses=True)
     if rerun.error is not None and rerun.error.startswith("AddressChangedError"):
         return "an address baked at capture: " + rerun.error.split(": ", 1)[1].split(" replaced")[0] + " replaced"
