@@ -1,7 +1,7 @@
 """cglab: how LLM inference engines capture CUDA graphs, and the missing-metadata bug, in a toy engine.
 
 Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end). To read
-the engine, go in README's order ("Read the engine"): config, compilation_config, forward_context,
+the engine, go in README's order ("Read the engine"): config, layer_registry, compilation_config, forward_context,
 buffers, batch, metadata, layers, model, compilation, cudagraph_utils, runner.
 
 The names below import on first use (PEP 562): ``python -m cglab`` imports this package before it parses

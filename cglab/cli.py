@@ -1,4 +1,4 @@
-"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``). Arguments are checked
+"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``, ``matrix``). Arguments are checked
 before torch is imported (seconds), so a typo is refused at once: this module and its imports stay free of
 torch; the commands import the engine when they run."""
 
@@ -16,10 +16,12 @@ from cglab._arguments import PROG, Parser, add_command, counts, help_text, int_l
 from cglab.bench.cli import add_bench, add_startup
 from cglab.compare import dumps
 from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig, SpeculativeConfig
-from cglab.config import DEVICES, LAYER_KINDS, OP_OF_KIND, PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig
+from cglab.config import DEVICES, PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig
 from cglab.errors import CglabError, ConfigError, NotSavedError
+from cglab.layer_registry import get_layer_kind, layer_kinds
+from cglab.matrix_cli import add_matrix
 
-OPS = ", ".join(OP_OF_KIND.values())
+OPS = ", ".join(get_layer_kind(k).op for k in layer_kinds())
 
 REPRO_EXAMPLES = (
     (f"{PROG} repro --legacy-skip-attn", "the bug: compiled PIECEWISE diverges from eager, and nothing raises"),
@@ -55,7 +57,9 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: attention); from {OPS}")
     switch("--legacy-skip-attn", help="capture as before vLLM PR #49364 (the bug)")
-    p.add_argument("--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(LAYER_KINDS)}")
+    p.add_argument(
+        "--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(layer_kinds())}"
+    )
     switch("--strict-layers", help="stateful layers without the None guard")
     switch("--python-guards", help="the None guard in plain Python (Inkling's style): traced once by dynamo")
     switch("--pre-49751-dummy-split", help="the capture batch split before vLLM PR #49751 (the revert of #49364)")
@@ -66,7 +70,7 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
     switch("--uniform-decode-by-shape", help="uniform decode by batch shape alone, as vLLM before PR #51865")
     p.add_argument("--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="drafts a step (greedy)")
-    p.add_argument("--draft-layers", type=name_list(LAYER_KINDS), help="the drafter's layers (default: attn)")
+    p.add_argument("--draft-layers", type=name_list(layer_kinds()), help="the drafter's layers (default: attn)")
     switch("--frozen-step-index", help="the draft step index as a Python int, frozen at capture (vLLM #48892)")
     p.add_argument("--seed", type=int, default=0, help="weights and prompts")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
@@ -197,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repro(sub)
     add_bench(sub)
     add_startup(sub)
+    add_matrix(sub)
     return parser
 
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cglab.config import (
-    ATTENTION_KINDS,
-    OP_OF_KIND,
     CUDAGraphMode,
     ToyConfig,
     check_int,
@@ -20,6 +18,7 @@ from cglab.config import (
 )
 from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
+from cglab.layer_registry import get_layer_kind, layer_kinds
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +92,7 @@ class CompilationConfig:
         if self.splitting_ops is not None:
             names = parse_names(
                 self.splitting_ops,
-                tuple(OP_OF_KIND.values()),
+                tuple(get_layer_kind(k).op for k in layer_kinds()),
                 what="splitting_ops",
                 item="splitting op",
                 example="a list of op names such as ['cglab::unified_attention']",
@@ -116,11 +115,12 @@ class CompilationConfig:
         """A new config with nothing left to decide, for ``config`` on ``device`` with these builders
         (``decode_query_len``: ``K + 1`` under speculative decoding): the one place "auto" and None are
         resolved, as vLLM resolves its ``VllmConfig`` once. The mode is lowered to what the builders support."""
-        layer_ops = [OP_OF_KIND[k] for k in dict.fromkeys(config.layers)]
+        kinds = [get_layer_kind(k) for k in dict.fromkeys(config.layers)]
+        layer_ops = [kind.op for kind in kinds]
         if self.use_breakable_cg:
             ops: tuple[str, ...] = ()  # breakable graphs split where the model calls an eager break
         elif self.splitting_ops is None:
-            ops = tuple(op for op in layer_ops if op in {OP_OF_KIND[k] for k in ATTENTION_KINDS})
+            ops = tuple(kind.op for kind in kinds if kind.splitting)
         else:
             ops = self.splitting_ops
             absent = [op for op in ops if op not in layer_ops]
@@ -139,18 +139,13 @@ class CompilationConfig:
             splitting_ops_contain_attention=splitting_ops_contain_attention(ops, config.layers, self.piecewise_flavor),
             uniform_decode_query_len=decode_query_len,
         )
-        linear_op = OP_OF_KIND["linear_attn"]
-        if (
-            not self.use_breakable_cg
-            and CUDAGraphMode.PIECEWISE in mode.runtime_modes()
-            and "linear_attn" in config.layers
-            and linear_op not in ops
-        ):
+        unsplit = [kind.op for kind in kinds if kind.must_split and kind.op not in ops]
+        if not self.use_breakable_cg and CUDAGraphMode.PIECEWISE in mode.runtime_modes() and unsplit:
             # Inside a piece it would replay the capture batch's request count and loop count forever.
             raise ConfigError(
-                f"{linear_op} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
+                f"{unsplit[0]} must be a splitting op under compiled PIECEWISE: it reads per-request metadata "
                 "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
-                f"dummy batch's size; add {linear_op} to splitting_ops (the default has it)"
+                f"dummy batch's size; add {unsplit[0]} to splitting_ops (the default has it)"
             )
         if mode is not CUDAGraphMode.NONE:
             self._check_capture_sizes(config)
@@ -209,7 +204,7 @@ def splitting_ops_contain_attention(splitting_ops: Sequence[str], layers: tuple[
     """Whether attention runs outside the PIECEWISE graphs (vLLM's ``splitting_ops_contain_attention``)."""
     if flavor == "breakable":
         return True
-    attention_ops = {OP_OF_KIND[k] for k in ATTENTION_KINDS if k in layers}
+    attention_ops = {get_layer_kind(k).op for k in layers if get_layer_kind(k).splitting}
     return bool(attention_ops) and attention_ops <= set(splitting_ops)
 
 

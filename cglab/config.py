@@ -7,11 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from cglab.errors import ConfigError
-
-LAYER_KINDS = ("attn", "sconv", "compressor", "linear_attn")
-# The kinds vLLM would call attention backends: their ops are the default splitting ops (vLLM's
-# defaults list its linear-attention and Mamba ops beside attention).
-ATTENTION_KINDS = ("attn", "linear_attn")
+from cglab.layer_registry import layer_kinds
 
 
 class CUDAGraphMode(enum.Enum):
@@ -99,14 +95,14 @@ def parse_names(
 
 
 def parse_layer_pattern(pattern: object) -> tuple[str, ...]:
-    """``"sconv,attn"`` -> ``("sconv", "attn")``."""
+    """``"sconv,attn"`` -> ``("sconv", "attn")``: kinds registered in ``cglab.layer_registry``."""
     return parse_names(
         pattern,
-        LAYER_KINDS,
+        layer_kinds(),
         what="the layer pattern",
         item="layer kind",
         example="a string such as 'sconv,attn' or a list of kinds",
-        if_empty=f"give comma-separated kinds such as 'sconv,attn' (valid kinds: {', '.join(LAYER_KINDS)})",
+        if_empty=f"give comma-separated kinds such as 'sconv,attn' (valid kinds: {', '.join(layer_kinds())})",
         lower=True,
     )
 
@@ -115,13 +111,6 @@ PIECEWISE_FLAVORS = ("compiled", "breakable")
 DTYPES = ("float32", "bfloat16", "float16")
 # The devices a runner takes: "cuda" captures real CUDA graphs, "cpu" runs the simulator.
 DEVICES = ("cpu", "cuda")
-# The custom op each layer kind's kernel is; the names a ``splitting_ops`` list may use.
-OP_OF_KIND = {
-    "attn": "cglab::unified_attention",
-    "sconv": "cglab::short_conv",
-    "compressor": "cglab::compressor",
-    "linear_attn": "cglab::linear_attention",
-}
 
 
 def parse_piecewise_flavor(value: object) -> str:

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from cglab.buffers import PAD_SLOT_ID
-from cglab.config import LAYER_KINDS, ToyConfig
+from cglab.config import ToyConfig
 from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
 from cglab.errors import ConfigError, MetadataBuildError
+from cglab.layer_registry import get_layer_kind, layer_kinds
 
 if TYPE_CHECKING:
     from cglab.batch import InputBatch
@@ -89,7 +90,7 @@ class AttentionMetadataBuilder:
 
     cudagraph_support = AttentionCGSupport.ALWAYS  # capture metadata sized for any replay (max_seq_len)
 
-    def __init__(self, config: ToyConfig) -> None:
+    def __init__(self, config: ToyConfig, device: torch.device | None = None) -> None:
         self.max_model_len = config.max_model_len
 
     def build(self, common: CommonAttentionMetadata, for_capture: bool = False) -> AttentionMetadata:
@@ -307,19 +308,13 @@ def build_attn_groups(
     builders: Mapping[str, MetadataBuilder] | None = None,
     layers: Sequence[tuple[str, str]] | None = None,
 ) -> list[AttentionGroup]:
-    """One group per layer kind; ``builders`` overrides a kind's builder. ``layers``: ``(name, kind)`` pairs
-    (default: the model's; a drafter's join the target's groups)."""
-    factories = {
-        "attn": lambda: AttentionMetadataBuilder(config),
-        "sconv": lambda: ShortConvMetadataBuilder(config, device),
-        "compressor": lambda: CompressorMetadataBuilder(config, device),
-        "linear_attn": lambda: LinearAttentionMetadataBuilder(config, device),
-    }
+    """One group per layer kind, with its registered builder (``builders`` overrides one). ``layers``:
+    ``(name, kind)`` pairs (default: the model's; a drafter's join the target's groups)."""
     builders = dict(builders or {})
     # A bad builder fails here, not as an AttributeError mid-capture.
     for kind, builder in builders.items():
-        if kind not in LAYER_KINDS:  # a typo would otherwise silently keep the default builder
-            raise ConfigError(f"builders has unknown layer kind {kind!r}; valid kinds: {', '.join(LAYER_KINDS)}")
+        if kind not in layer_kinds():  # a typo would otherwise silently keep the default builder
+            raise ConfigError(f"builders has unknown layer kind {kind!r}; valid kinds: {', '.join(layer_kinds())}")
         support = getattr(builder, "cudagraph_support", None)
         if builder is not None and not (
             callable(getattr(builder, "build", None)) and isinstance(support, AttentionCGSupport)
@@ -333,7 +328,7 @@ def build_attn_groups(
     groups = []
     for kind in dict.fromkeys(k for _, k in pairs):
         names = [n for n, k in pairs if k == kind]
-        builder = builders.get(kind) or factories[kind]()
+        builder = builders.get(kind) or get_layer_kind(kind).make_builder(config, device)
         groups.append(AttentionGroup(kind, builder, names))
     return groups
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
-from cglab.layers import Attention, Compressor, LinearAttention, ShortConv
+from cglab.layer_registry import get_layer_kind
 
 
 class MLP(nn.Module):
@@ -26,14 +26,7 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ToyConfig, kind: str, layer_name: str) -> None:
         super().__init__()
-        if kind == "attn":
-            self.mixer: nn.Module = Attention(config, layer_name)
-        elif kind == "linear_attn":
-            self.mixer = LinearAttention(config, layer_name)
-        elif kind == "sconv":
-            self.mixer = ShortConv(config, layer_name, config.strict_layers, config.python_guards)
-        else:
-            self.mixer = Compressor(config, layer_name, config.strict_layers, config.python_guards)
+        self.mixer: nn.Module = get_layer_kind(kind).make_layer(config, layer_name)  # built-in or registered
         self.mlp = MLP(config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -99,7 +99,8 @@ PR_MENTION = re.compile(r"#(\d{4,6})\b")
 MARKDOWN_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]+)\)")
 # Names IPython itself provides to notebook code.
 IPYTHON_NAMES = {"get_ipython", "display", "In", "Out", "_", "__", "___", "exit", "quit"}
-MAX_SUITE_WORDS = 13_000
+# Issue 21 set 13,000; issue 42 adds notebook 07 (about 20 minutes) and its solutions: 1,700 more.
+MAX_SUITE_WORDS = 14_700
 
 
 def _markdown(nb: Any) -> str:
@@ -222,7 +223,7 @@ def test_undefined_names_sees_a_missing_import_and_not_a_bound_name() -> None:
 
 @needs_notebooks
 def test_the_suite_markdown_stays_short() -> None:
-    """Issue 21: all notebooks' markdown, solutions included, at most 13,000 words (``len(text.split())``)."""
+    """All notebooks' markdown, solutions included, at most ``MAX_SUITE_WORDS`` (``len(text.split())``)."""
     words = {p.relative_to(ROOT).as_posix(): len(_markdown(nbformat.read(p, as_version=4)).split()) for p in NOTEBOOKS}
     total = sum(words.values())
     assert total <= MAX_SUITE_WORDS, f"{total} words of markdown, more than {MAX_SUITE_WORDS}: {words}"

@@ -16,11 +16,12 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import offset_copy
 
 from cglab.batch import CudagraphDispatcher
-from cglab.config import OP_OF_KIND, CUDAGraphMode, dummy_query_lens
+from cglab.config import CUDAGraphMode, dummy_query_lens
 from cglab.cudagraph_support import AttentionCGSupport, can_build_metadata
 from cglab.graphs import CapturedGraph
 from cglab.lab.anatomy import Piece, steps_as_pieces
 from cglab.lab.plots import MODE_COLORS, path_colors
+from cglab.layer_registry import kind_of_op
 from cglab.repro import ReproResult
 from cglab.runner import ModelRunner
 
@@ -117,7 +118,7 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
 
 def _short_op(op: str) -> str:
     """``"cglab::unified_attention"`` -> ``"attn"``: the layer kind whose kernel the op is."""
-    return {name: kind for kind, name in OP_OF_KIND.items()}.get(op, op.split("::")[-1].lstrip("_"))
+    return kind_of_op(op) or op.split("::")[-1].lstrip("_")
 
 
 def draw_graph_anatomy(graphs: Mapping[str, CapturedGraph | Sequence[Piece]]) -> Figure:

@@ -48,12 +48,12 @@ compressor = direct_register_custom_op(
 
 
 class Compressor(nn.Module):
-    """Pre-norm compressor block. ``strict=True`` drops the profiling guard; ``python_guard=True`` moves it
-    from the op into ``forward`` (Inkling's style), so the op runs only with metadata."""
+    """Pre-norm compressor block; ``strict_layers`` and ``python_guards`` (the config's) as ``ShortConv``'s."""
 
-    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False, python_guard: bool = False) -> None:
+    def __init__(self, config: ToyConfig, layer_name: str) -> None:
         super().__init__()
-        self.layer_name, self.strict, self.python_guard = layer_name, strict or python_guard, python_guard
+        self.layer_name, self.python_guard = layer_name, config.python_guards
+        self.strict = config.strict_layers or self.python_guard  # a guard in forward: none in the op
         hidden, ratio = config.hidden_size, config.compress_ratio
         self.norm = nn.RMSNorm(hidden)
         self.kv_proj = nn.Linear(hidden, hidden, bias=False)

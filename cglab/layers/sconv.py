@@ -44,12 +44,12 @@ short_conv = direct_register_custom_op("short_conv", _short_conv, mutates_args=(
 
 
 class ShortConv(nn.Module):
-    """Pre-norm depthwise causal convolution block. ``strict=True`` drops the profiling guard;
-    ``python_guard=True`` moves it from the op into ``forward``, so the op runs only with metadata."""
+    """Pre-norm causal conv block: ``strict_layers`` drops the guard, ``python_guards`` moves it to forward."""
 
-    def __init__(self, config: ToyConfig, layer_name: str, strict: bool = False, python_guard: bool = False) -> None:
+    def __init__(self, config: ToyConfig, layer_name: str) -> None:
         super().__init__()
-        self.layer_name, self.strict, self.python_guard = layer_name, strict or python_guard, python_guard
+        self.layer_name, self.python_guard = layer_name, config.python_guards
+        self.strict = config.strict_layers or self.python_guard  # a guard in forward: none in the op
         hidden = config.hidden_size
         self.norm = nn.RMSNorm(hidden)
         self.in_proj = nn.Linear(hidden, hidden, bias=False)

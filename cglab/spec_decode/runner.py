@@ -18,6 +18,7 @@ from cglab.batch import BatchExecutionDescriptor
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import ConfigError
+from cglab.layer_registry import get_layer_kind
 from cglab.runner import ModelRunner, parse_token_ids
 from cglab.spec_decode.draft_model import draft_layer_pairs
 from cglab.spec_decode.rejection_sampler import greedy_verify
@@ -65,9 +66,11 @@ class SpecDecodeRunner:
             )
         # One recurrent state per request would absorb the drafts that verification rejects: the toy keeps
         # no earlier state to go back to.
-        if "linear_attn" in config.layers or any(kind == "linear_attn" for _, kind in spec.draft_layers):
+        kinds = (*config.layers, *(kind for _, kind in spec.draft_layers))
+        unsupported = [k for k in kinds if not get_layer_kind(k).spec_decode]
+        if unsupported:
             raise ConfigError(
-                "speculative decoding does not support linear_attn layers (target or drafter): their one state "
+                f"speculative decoding does not support {unsupported[0]} layers (target or drafter): their one state "
                 "per request would absorb the rejected drafts; use attn, sconv or compressor layers"
             )
         self.config = config
