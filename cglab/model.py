@@ -6,14 +6,12 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
-from cglab.kernels.fused_linear import fused_mlp
+from cglab.kernels.fused_linear import FUSED, fused_mlp
 from cglab.layers import Attention, Compressor, LinearAttention, ShortConv
 
 
 class MLP(nn.Module):
     """Pre-norm gated MLP: stateless, so it only adds ordinary kernels to every segment."""
-
-    fused = False  # True: two launches of cglab::fused_linear (cglab.kernels.fused_linear.fused_mlps)
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
@@ -22,7 +20,7 @@ class MLP(nn.Module):
         self.down = nn.Linear(2 * hidden, hidden, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.fused:
+        if FUSED.mlps:  # two launches of cglab::fused_linear (cglab.kernels.fused_linear.fused_mlps)
             return fused_mlp(self, hidden)
         gate, up = self.gate_up(self.norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(nn.functional.silu(gate) * up)

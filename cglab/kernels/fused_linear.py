@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from cglab.kernels import triton_kernel
 
-__all__ = ["MAX_ROWS", "fused_mlps", "fused_linear", "fused_mlp", "linear_reference"]
+__all__ = ["FUSED", "MAX_ROWS", "fused_mlps", "fused_linear", "fused_mlp", "linear_reference"]
 
 MAX_ROWS = 16  # the Triton kernel's row limit: a GEMV-like kernel, each weight row read once per launch
 MAX_K = 8192  # it holds the whole input row of a program's weight rows in registers
@@ -76,15 +76,19 @@ def fused_mlp(mlp: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return fused_linear(gate_up, mlp.down.weight, None, None, "silu_mul", hidden)
 
 
+class FUSED:  # noqa: N801 (a switch, read like a constant)
+    """Whether ``model.MLP`` runs through ``fused_mlp``: its forward reads ``FUSED.mlps``, so torch.compile
+    guards on it when it traces (a model built and captured with it on keeps its fused graphs)."""
+
+    mlps = False
+
+
 @contextmanager
 def fused_mlps(fused: bool = True) -> Iterator[None]:
     """Inside the block every ``model.MLP`` runs through ``fused_mlp`` (``fused=False``: its modules), the
-    models built and graphs captured there included. The switch is a class attribute the forward reads,
-    so torch.compile sees it when it traces."""
-    from cglab.model import MLP  # the model imports this module
-
-    before, MLP.fused = MLP.fused, fused
+    graphs captured there included."""
+    before, FUSED.mlps = FUSED.mlps, fused
     try:
         yield
     finally:
-        MLP.fused = before
+        FUSED.mlps = before
