@@ -55,8 +55,10 @@ def test_the_op_runs_its_aten_body_on_the_cpu(norm: bool, act: str, residual: bo
 @pytest.mark.skipif(not CUDA, reason="the Triton kernel runs on CUDA tensors")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("norm", "act", "residual"), FLAGS)
-def test_the_triton_kernel_matches_its_aten_body(dtype: torch.dtype, norm: bool, act: str, residual: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False  # the oracle in true fp32, as the kernel
+def test_the_triton_kernel_matches_its_aten_body(
+    dtype: torch.dtype, norm: bool, act: str, residual: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # the oracle in true fp32, as the kernel
     for k, n in ((1024, 4096), (2048, 1024), (32, 64), (10, 24)):
         full = _operands(MAX_ROWS, k, n, norm, act, residual, dtype, "cuda")
         with use_kernels("triton"):
