@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
+from cglab.kernels.fused_linear import FUSED, fused_mlp
 from cglab.layer_registry import get_layer_kind
 
 
@@ -19,6 +20,8 @@ class MLP(nn.Module):
         self.down = nn.Linear(2 * hidden, hidden, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if FUSED.mlps:  # two launches of cglab::fused_linear (cglab.kernels.fused_linear.fused_mlps)
+            return fused_mlp(self, hidden)
         gate, up = self.gate_up(self.norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(nn.functional.silu(gate) * up)
 

@@ -16,13 +16,24 @@ import torch
 
 from cglab.bench import BenchConfig, BenchResult
 from cglab.bench import environment as roofline_module
+from cglab.bench.breakdown import breakdown, category
 from cglab.bench.environment import measure_bandwidth, roofline, weight_bytes
-from cglab.bench.profiling import without_profiler_log_lines
-from cglab.bench.report import SIM_FLOOR_NOTE, bench_table, kernel_set, kernel_sets_table, ladder, targets
+from cglab.bench.profiling import Window, without_profiler_log_lines
+from cglab.bench.report import (
+    SIM_FLOOR_NOTE,
+    bench_table,
+    breakdown_table,
+    kernel_set,
+    kernel_sets_table,
+    ladder,
+    targets,
+)
+from cglab.bench.run import build_order, capture_safe
 from cglab.cli import main
 from cglab.config import ToyConfig
 from cglab.errors import ConfigError
 from cglab.model import ToyTransformer
+from cglab.runner import ModelRunner
 
 
 def _result(medians: dict[str, dict[int, float]], backend: str = "cuda", **environment: Any) -> BenchResult:
@@ -78,7 +89,20 @@ def test_simulator_table_names_its_floor_for_what_it_is() -> None:
     assert "may exceed the median" in SIM_FLOOR_NOTE and "no kernel floor" in SIM_FLOOR_NOTE
     gpu = bench_table(_result({"full": {1: 900.0}}, roofline_us=34.5, weight_bytes=145e6, memory_bandwidth_gb_s=4200))
     assert "floor us" in gpu and "op time" not in gpu and SIM_FLOOR_NOTE not in gpu
-    assert gpu.splitlines()[1].split() == ["full", "1", "900.0", "900.0", "900.0", "450.0", "1", "1.0"]
+    # 145 MB in 900 us: 161 GB/s, 3.8% of 4200; no peer to divide by
+    assert gpu.splitlines()[1].split() == [
+        "full",
+        "1",
+        "900.0",
+        "900.0",
+        "900.0",
+        "450.0",
+        "1",
+        "1.0",
+        "-",
+        "161",
+        "3.8",
+    ]
     assert "roofline: 34.5 us per step (145.0 MB of weights at 4200 GB/s, measured)" in gpu
 
 
@@ -152,19 +176,74 @@ def test_two_kernel_sets_side_by_side() -> None:
 
 
 # ----------------------------------------------------------------------------------- row kinds
-def test_the_peer_is_read_but_not_measured() -> None:
-    """The recorded runs hold the peer's rows; the benchmark measures every other row kind."""
+def test_the_peer_needs_a_gpu() -> None:
     assert BenchConfig.quick_preset().modes == ("none", "piecewise", "full", "compiled_piecewise", "compiled_full")
-    with pytest.raises(ConfigError, match="modes must be some of none, .*compiled_full, got"):
+    with pytest.raises(ConfigError, match="reduce_overhead needs a CUDA GPU"):
         BenchConfig.quick_preset(modes=("full", "reduce_overhead"))
 
 
-@pytest.mark.parametrize("mode", ["reduce_overhead", "turbo"])
-def test_cli_refuses_a_mode_it_cannot_measure(tmp_path: Any, capsys: pytest.CaptureFixture[str], mode: str) -> None:
+def test_cli_refuses_the_peer_on_the_cpu(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--modes", "reduce_overhead", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit) as exc:  # argparse's own one-line error
-        main(["bench", "--quick", "--modes", mode, "--out", str(tmp_path / "run")])
+        main(["bench", "--quick", "--modes", "turbo", "--out", str(tmp_path / "run")])
     assert exc.value.code == 2 and "compiled_full" in capsys.readouterr().err  # the valid names are listed
     assert not list(tmp_path.iterdir())
+
+
+def test_the_peer_gets_capture_safe_metadata_in_the_same_buffers() -> None:
+    """Like FULL, the peer's graph freezes its host-side sizes at recording: they must span max_model_len."""
+    toy = ToyConfig(layers=("sconv", "attn"), max_num_reqs=4)
+    runner = ModelRunner(toy, "none")
+    runner.add_request("a")
+    runner.step({"a": [1, 2, 3]}, eager=True)
+    prepared = runner.prepare_step({"a": [4]})
+    safe = capture_safe(runner, prepared)
+    before, after = prepared.attn_metadata["layers.1.attn"], safe.attn_metadata["layers.1.attn"]
+    assert (before.max_seq_len, after.max_seq_len, after.for_capture) == (4, toy.max_model_len, True)
+    assert after.slot_mapping.data_ptr() == before.slot_mapping.data_ptr()  # rebuilt in place, not reallocated
+    assert torch.equal(after.slot_mapping, before.slot_mapping) and safe.input_batch is prepared.input_batch
+
+
+def test_the_peer_is_built_and_recorded_before_any_engine_captures() -> None:
+    """torch's graph trees free cuBLAS's workspaces when they record: an engine graph captured before would
+    keep using a freed workspace (on the H200 this ended in an illegal memory access)."""
+    modes = ("none", "piecewise", "full", "compiled_full", "reduce_overhead")
+    assert build_order(modes) == ["reduce_overhead", "none", "piecewise", "full", "compiled_full"]
+    assert build_order(("none", "full")) == ["none", "full"]
+
+
+def test_each_row_against_the_peer_and_the_bandwidth() -> None:
+    """100 MB of weights at 4000 GB/s; FULL at 500 us streams them at 200 GB/s, 5% of the bandwidth."""
+    medians = {"full": {1: 500.0, 8: 400.0}, "reduce_overhead": {1: 1000.0}}
+    table = bench_table(_result(medians, roofline_us=25.0, weight_bytes=100e6, memory_bandwidth_gb_s=4000.0))
+    rows = {tuple(line.split()[:2]): line.split() for line in table.splitlines()[1:4]}
+    assert rows["full", "1"][-3:] == ["0.50", "200", "5.0"]
+    assert rows["full", "8"][-3:] == ["-", "250", "6.2"]  # no peer at batch 8
+    assert rows["reduce_overhead", "1"][-3:] == ["1.00", "100", "2.5"]
+
+
+def test_the_kernel_breakdown_sorts_kernels_and_measures_the_gaps() -> None:
+    """Three kernels: a 10 us matmul, a 1 us copy 2 us later, a 3 us inductor kernel overlapping it by 0.5."""
+    kernels = [("sm90_xmma_gemm_bf16", 0.0, 10.0), ("Memcpy DtoD", 12.0, 13.0), ("triton_poi_fused_add_0", 12.5, 15.5)]
+    found = breakdown(Window(kernels=kernels), weights=20_000_000)
+    assert found["categories"] == {
+        "linear": {"nodes": 1, "us": 10.0, "bytes": 20_000_000, "gb_s": 2000.0},
+        "copy": {"nodes": 1, "us": 1.0, "bytes": None, "gb_s": None},
+        "inductor fused": {"nodes": 1, "us": 3.0, "bytes": None, "gb_s": None},
+    }
+    assert (found["span_us"], found["idle_us"], found["gaps"], found["mean_gap_us"]) == (15.5, 2.0, 2, 1.0)
+    assert [category(n) for n in ("_unified_attention_kernel", "_fused_linear_kernel", "vectorized_elementwise")] == [
+        "attention",
+        "linear",
+        "other aten",
+    ]
+    result = _result({"full": {1: 50.0}}, kernel_breakdown={"full/1": found})
+    table = breakdown_table(result, "full", 1)
+    assert table.splitlines()[1].split() == ["linear", "1", "10.0", "20.0", "2000"]
+    assert "idle 2.0 us over 2 gaps (1.00 us each)" in table
+    assert "no kernel breakdown" in breakdown_table(result, "compiled_full", 1)
 
 
 # ----------------------------------------------------------------------------------- profiler log lines

@@ -12,7 +12,7 @@ from typing import Any
 
 from cglab._arguments import PROG, add_command, int_list, name_list, print_saved
 from cglab.bench.config import BenchConfig
-from cglab.bench.modes import MEASURED_MODES, POLICIES
+from cglab.bench.modes import MODE_NAMES, POLICIES
 from cglab.compare import dumps, exceeds
 from cglab.config import DEVICES, DTYPES, PIECEWISE_FLAVORS
 from cglab.errors import NotSavedError
@@ -49,8 +49,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "bench",
         "measure one decode step's latency per CUDA graph mode and batch size",
         "Measure one decode step's latency per row kind (eager, PIECEWISE, FULL, compiled PIECEWISE and "
-        "FULL) and batch size; write OUT.csv and OUT.json (the environment). On the CPU simulator the "
-        "numbers say nothing about GPU speed.",
+        "FULL; on a GPU also torch.compile's reduce-overhead peer) and batch size; write OUT.csv and OUT.json "
+        "(the environment). On the CPU simulator the numbers say nothing about GPU speed.",
         (f"{PROG} bench --quick --out bench-quick", "the small model, seconds on a CPU"),
         (
             f"{PROG} bench --quick --modes none,full --out bench-two --force",
@@ -64,9 +64,15 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="the custom ops' kernels: triton (CUDA only; the default there) or aten (their readable bodies)",
     )
     p.add_argument(
+        "--fused-linear",
+        action="store_true",
+        default=None,
+        help="each MLP as two launches of cglab::fused_linear (Triton to 16 rows with --kernels triton); default off",
+    )
+    p.add_argument(
         "--modes",
-        type=name_list(MEASURED_MODES),
-        help=f"row kinds from {', '.join(MEASURED_MODES)}; default: all",
+        type=name_list(MODE_NAMES),
+        help=f"row kinds from {', '.join(MODE_NAMES)}; default: all the device can run (the peer needs CUDA)",
     )
     p.add_argument("--batch-sizes", type=int_list, help=_model_defaults("batch_sizes"))
     p.add_argument("--repeats", type=int, help=f"timed steps per mode and batch size; {_model_defaults('repeats')}")
@@ -113,7 +119,7 @@ def _config(args: argparse.Namespace, cls: Any) -> Any:
 def _run_bench(args: argparse.Namespace) -> int:
     config = _config(args, BenchConfig)  # before torch is imported
     from cglab.bench import check_output, run_bench, save_results
-    from cglab.bench.report import bench_table
+    from cglab.bench.report import bench_table, breakdown_table
 
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
@@ -123,9 +129,12 @@ def _run_bench(args: argparse.Namespace) -> int:
         args,
         result,
         save_results,
-        lambda: (
-            f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}{sim}\n"
-            f"{bench_table(result)}"
+        lambda: "\n".join(
+            [
+                f"{result.device_name}, backend {result.backend}, kernels {result.environment['kernels']}{sim}",
+                bench_table(result),
+                *(breakdown_table(result, *key.split("/")) for key in result.environment.get("kernel_breakdown", {})),
+            ]
         ),
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cglab.bench.modes import MEASURED_MODES
+from cglab.bench.modes import MODE_NAMES, available_modes
 from cglab.config import ToyConfig, check_int, check_no_empty_item
 from cglab.errors import ConfigError
 from cglab.kernels import check_kernels
@@ -69,17 +69,18 @@ QUICK_MODEL = dict(layers="sconv,attn,compressor,attn", hidden_size=32, num_head
 
 @dataclass(frozen=True)
 class BenchConfig(ModelOptions):
-    """What to measure, by default every row kind (``MEASURED_MODES``). ``max_model_len`` is small
+    """What to measure, by default every row kind the device can (``modes=None``). ``max_model_len`` is small
     because the aten attention of FULL reads that many keys (a toy artefact). Capture sizes equal the
     batch sizes: no padding is timed."""
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    modes: tuple[str, ...] = MEASURED_MODES
+    modes: tuple[str, ...] | None = None
     repeats: int = 300  # timed steps per mode and batch size
     warmup: int = 20  # untimed steps first (lazy init, clocks, caches)
     kernels: str | None = None  # the custom ops' kernels, "aten" or "triton"; None: triton on CUDA, aten on the CPU
     prompt_len: int = 32  # history of every request before the timed decode step
     profile_steps: int = 3  # profiled steps per mode and batch size (kernel floor, launches)
+    fused_linear: bool = False  # each MLP as two launches of cglab::fused_linear (cglab/kernels/fused_linear.py)
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -96,7 +97,10 @@ class BenchConfig(ModelOptions):
         check_int("max_model_len (the timed step adds a token to prompt_len)", self.max_model_len, self.prompt_len + 1)
         device_type = str(self.device).split(":")[0]
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        object.__setattr__(self, "modes", choose_names("modes", self.modes, MEASURED_MODES))
+        modes = choose_names("modes", self.modes or available_modes(device_type), MODE_NAMES)
+        if not set(modes) <= set(available_modes(device_type)):
+            raise ConfigError("mode reduce_overhead needs a CUDA GPU (torch's graph trees): drop it or use device cuda")
+        object.__setattr__(self, "modes", modes)
         object.__setattr__(self, "kernels", check_kernels(self.kernels, device_type))
         super().__post_init__()
 

@@ -1,7 +1,6 @@
 """What the benchmark can measure: one row kind (a row's ``mode``) per way of running a decode step,
-the ladder from eager to compiled FULL (compiled rows use inductor on a GPU). The recorded runs in
-``data/`` also hold the peer a user would pick instead, ``torch.compile(mode="reduce-overhead")``;
-``MEASURED_MODES`` are the row kinds the benchmark measures today."""
+the ladder from eager to compiled FULL (compiled rows use inductor on a GPU), and on a GPU the peer a user
+would pick instead, ``torch.compile(mode="reduce-overhead")``."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import NamedTuple
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 
-__all__ = ["BENCH_MODES", "MEASURED_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "bench_compilation"]
+__all__ = ["BENCH_MODES", "MODE_NAMES", "POLICIES", "BenchMode", "available_modes", "bench_compilation"]
 
 
 class BenchMode(NamedTuple):
@@ -39,9 +38,13 @@ BENCH_MODES = {
     ),
 }
 MODE_NAMES = tuple(BENCH_MODES)
-MEASURED_MODES = MODE_NAMES[:-1]  # all but the peer
 # The policies ``cglab.bench.startup`` compares: here, away from torch, for the parser.
 POLICIES = ("piecewise", "full", "full_and_piecewise")
+
+
+def available_modes(device_type: str) -> tuple[str, ...]:
+    """Every row kind ``device_type`` can measure, in ladder order (torch's graph trees need CUDA)."""
+    return MODE_NAMES if device_type == "cuda" else MODE_NAMES[:-1]
 
 
 def bench_compilation(

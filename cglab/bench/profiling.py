@@ -46,6 +46,7 @@ class Window:
     time_us: float = 0.0
     events: int = 0
     ids: set[int] = field(default_factory=set)  # CUDA correlation ids: one per host launch
+    kernels: list[tuple[str, float, float]] = field(default_factory=list)  # GPU work: (name, start us, end us)
 
 
 def profile_steps(
@@ -53,10 +54,11 @@ def profile_steps(
     rows: list[dict[str, Any]],
     profile_steps: int,
     cuda: bool,
-) -> None:
+) -> dict[tuple[str, int, int], Window]:
     """Fill each row's ``kernel_floor_us`` (on a GPU also ``launches`` and ``kernels``): the median over
     ``profile_steps`` profiled runs of the function ``prepare(mode, batch_size)`` returns, after one
-    unprofiled run. A row in which a GPU's profiler saw nothing keeps nan and the structural counts."""
+    unprofiled run. A row in which a GPU's profiler saw nothing keeps nan and the structural counts.
+    Returns what each profiled step saw, keyed ``(mode, batch_size, k)``."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
@@ -84,6 +86,7 @@ def profile_steps(
         if cuda:
             row["kernels"] = round(statistics.median(w.events for w in per_step))
             row["launches"] = round(statistics.median(len(w.ids) for w in per_step))
+    return windows
 
 
 def attribute(events: Any, cuda: bool) -> dict[tuple[str, int, int], Window]:
@@ -114,4 +117,6 @@ def attribute(events: Any, cuda: bool) -> dict[tuple[str, int, int], Window]:
         window.time_us += e.time_range.elapsed_us() if cuda else e.self_cpu_time_total
         window.events += 1
         window.ids.add(e.id)
+        if cuda:
+            window.kernels.append((e.name, e.time_range.start, e.time_range.end))
     return windows

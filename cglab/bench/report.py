@@ -16,6 +16,7 @@ __all__ = [
     "SIM_FLOOR_NOTE",
     "Target",
     "bench_table",
+    "breakdown_table",
     "kernel_set",
     "kernel_sets_table",
     "ladder",
@@ -39,25 +40,48 @@ def kernel_set(result: BenchResult) -> str:
 
 
 def bench_table(result: BenchResult) -> str:
-    """The rows as the CLI prints them. On the simulator the floor column is named for what it is."""
+    """The rows as the CLI prints them (the simulator's floor named for what it is), each with its median over
+    the peer's, its weights streamed in GB/s and that as % of the measured copy bandwidth."""
     sim = result.backend == "sim"
+    env = result.environment
     floor = "op time us*" if sim else "floor us"
+    peer = _column(result, "reduce_overhead")
     header = f"  {'mode':<20}{'batch':>6}{'median us':>12}{'p10':>10}{'p90':>10}{floor:>13}{'launches':>10}"
-    lines = [f"{header}{'enqueue us':>12}"]
+    lines = [f"{header}{'enqueue us':>12}{'/ peer':>8}{'GB/s':>8}{'% bw':>7}"]
     for r in result.rows:
+        ratio = f"{r['median_us'] / peer[r['batch_size']]:>8.2f}" if r["batch_size"] in peer else f"{'-':>8}"
+        gb_s = env.get("weight_bytes", math.nan) / r["median_us"] / 1e3
         lines.append(
             f"  {r['mode']:<20}{r['batch_size']:>6}{r['median_us']:>12.1f}{r['p10_us']:>10.1f}"
             f"{r['p90_us']:>10.1f}{r['kernel_floor_us']:>13.1f}{_count(r['launches']):>10}"
-            f"{r['enqueue_median_us']:>12.1f}"
+            f"{r['enqueue_median_us']:>12.1f}{ratio}{gb_s:>8.0f}"
+            f"{100 * gb_s / env.get('memory_bandwidth_gb_s', math.nan):>7.1f}"
         )
     if sim:
         lines.append(f"  {SIM_FLOOR_NOTE}")
-    roof = result.environment.get("roofline_us")
+    roof = env.get("roofline_us")
     if roof is not None:
         lines.append(
-            f"  roofline: {roof:.1f} us per step ({result.environment['weight_bytes'] / 1e6:.1f} MB of "
-            f"weights at {result.environment['memory_bandwidth_gb_s']:.0f} GB/s, measured)"
+            f"  roofline: {roof:.1f} us per step ({env['weight_bytes'] / 1e6:.1f} MB of "
+            f"weights at {env['memory_bandwidth_gb_s']:.0f} GB/s, measured)"
         )
+    return "\n".join(lines)
+
+
+def breakdown_table(result: BenchResult, mode: str, batch_size: int | str) -> str:
+    """One replay's kernels by category (``environment["kernel_breakdown"]``) and its idle gaps."""
+    found = result.environment.get("kernel_breakdown", {}).get(f"{mode}/{batch_size}")
+    if found is None:
+        return f"  {mode} at batch {batch_size}: no kernel breakdown recorded"
+    lines = [f"  {mode}, batch {batch_size}: {'category':<16}{'nodes':>6}{'us':>9}{'MB':>8}{'GB/s':>8}"]
+    for name, c in sorted(found["categories"].items(), key=lambda item: -item[1]["us"]):
+        mb = "-" if c["bytes"] is None else f"{c['bytes'] / 1e6:.1f}"
+        gb_s = "-" if c["gb_s"] is None else f"{c['gb_s']:.0f}"
+        lines.append(f"  {'':<{len(mode) + 12}}{name:<16}{c['nodes']:>6}{c['us']:>9.1f}{mb:>8}{gb_s:>8}")
+    lines.append(
+        f"  replay span {found['span_us']:.1f} us, idle {found['idle_us']:.1f} us over {found['gaps']} gaps "
+        f"({found['mean_gap_us']:.2f} us each)"
+    )
     return "\n".join(lines)
 
 

@@ -1,18 +1,22 @@
 """Running the benchmark: one runner per row kind, every (mode, batch size) timed in interleaved
-rounds, launches counted, then one profiler session, then the roofline."""
+rounds, launches counted, then one profiler session, then the roofline.
+
+The peer, ``torch.compile(mode="reduce-overhead")``, is an engine in mode NONE whose model inductor
+compiles and PyTorch's CUDA graph trees record, one graph per shape: the engine captures nothing."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from cglab.bench.breakdown import breakdown, linear_bytes
 from cglab.bench.config import BenchConfig, toy_dict
 from cglab.bench.environment import collect_environment, measure_bandwidth, roofline
 from cglab.bench.files import CSV_COLUMNS, EXTRA_COLUMNS, BenchResult
@@ -20,13 +24,16 @@ from cglab.bench.modes import BENCH_MODES, bench_compilation
 from cglab.bench.profiling import profile_steps
 from cglab.bench.timing import Samples, split, stats, time_steps
 from cglab.compare import worst
+from cglab.compilation.wrapper import fresh_forward
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
 from cglab.kernels import triton_launches, use_kernels
+from cglab.kernels.fused_linear import fused_mlps
+from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
-__all__ = ["count_launches", "run_bench"]
+__all__ = ["ReduceOverheadForward", "build_order", "capture_safe", "count_launches", "run_bench"]
 
 _ROTATIONS = 8  # distinct token-id sets cycled through the timed steps
 _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
@@ -57,17 +64,26 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     threads = torch.get_num_threads()
     with (
         use_kernels(config.kernels),
+        fused_mlps(config.fused_linear),
         tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress) as bar,
     ):
         try:
             # One intra-op thread on the CPU, as torch.utils.benchmark.Timer: on a shared machine a
             # parallel op otherwise waits for a descheduled sibling thread.
             torch.set_num_threads(1 if device.type == "cpu" else threads)
-            for mode in config.modes:
+            for mode in build_order(config.modes):
                 bar.set_postfix_str(f"{mode}: capture")
                 runners[mode] = _make_runner(mode, toy, config.batch_sizes, device, bar.set_postfix_str)
                 bar.set_postfix_str(f"{mode}: prefill")
                 _prefill(runners[mode], prompts, toy.max_num_batched_tokens)
+                if mode == "reduce_overhead":  # after the prefill, so only decode shapes are recorded
+                    skips = _cudagraph_skips()
+                    runners[mode].forward_model = ReduceOverheadForward(runners[mode].model)
+                    for batch_size in config.batch_sizes:  # compiled, then recorded, then replayed
+                        for _ in range(3):
+                            runners[mode].execute(_prepare(runners[mode], mode, batch_size, decode))
+                    torch.cuda.synchronize(device)
+                    environment["reduce_overhead_cudagraph_skips"] = _cudagraph_skips() - skips
             for round_index, repeats in enumerate(rounds):
                 for mode, batch_size in keys:
                     bar.set_postfix_str(f"round {round_index + 1}/{len(rounds)}: {mode}, batch {batch_size}")
@@ -80,12 +96,19 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
             if "none" in runners:
                 environment["max_abs_diff_vs_eager"] = _check_outputs(runners, config.batch_sizes, decode)
             bar.set_postfix_str("profiling kernels")
-            profile_steps(
+            windows = profile_steps(
                 lambda m, b: partial(runners[m].execute, _prepare(runners[m], m, b, decode)),
                 rows,
                 config.profile_steps,
                 device.type == "cuda",
             )
+            if device.type == "cuda":  # FULL's and compiled FULL's replays, kernel by kernel (the last step)
+                weights = linear_bytes(next(iter(runners.values())).model)
+                environment["kernel_breakdown"] = {
+                    f"{m}/{b}": breakdown(windows[m, b, config.profile_steps - 1], weights)
+                    for m, b in keys
+                    if m in ("full", "compiled_full") and (m, b, config.profile_steps - 1) in windows
+                }
             bar.set_postfix_str("memory bandwidth")
             environment.update(roofline(next(iter(runners.values())).model, measure_bandwidth(device)))
         finally:
@@ -95,6 +118,38 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     return BenchResult(
         rows, environment, {**asdict(config), "toy_config": toy_dict(toy), "capture_sizes": list(config.batch_sizes)}
     )
+
+
+def build_order(modes: Sequence[str]) -> list[str]:
+    """The peer first: torch's graph trees free cuBLAS's workspaces when they record, and an engine graph
+    captured earlier would keep using a freed one (an illegal address on the H200)."""
+    return sorted(modes, key=lambda m: m != "reduce_overhead")
+
+
+class ReduceOverheadForward:
+    """``model`` through ``torch.compile(mode="reduce-overhead")``; each call marks a new step (for inference)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._compiled = torch.compile(fresh_forward(model), mode="reduce-overhead")
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._compiled(input_ids, positions)
+
+
+def capture_safe(runner: ModelRunner, prepared: PreparedStep) -> PreparedStep:
+    """``prepared`` with capture-safe metadata in its buffers: the peer's graphs freeze sizes, as FULL's."""
+    batch = prepared.input_batch
+    block_table = runner.block_tables.block_table[: batch.num_reqs]
+    slot_mapping = runner.block_tables.slot_mapping[: batch.num_tokens_after_padding]
+    metadata = prepare_attn(batch, block_table, slot_mapping, runner.attn_groups, for_capture=True)
+    return replace(prepared, attn_metadata=metadata)
+
+
+def _cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters  # how often inductor declined CUDA graphs: a peer must not
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
 
 
 def _make_runner(
@@ -126,7 +181,7 @@ def _prepare(runner: ModelRunner, mode: str, batch_size: int, decode: list[int])
     prepared = runner.prepare_step({f"req{i}": [decode[i]] for i in range(batch_size)})
     desc = prepared.descriptor
     assert desc.cg_mode is kind.cg_mode and desc.num_tokens == batch_size, f"{desc} for {mode} at batch {batch_size}"
-    return prepared
+    return capture_safe(runner, prepared) if mode == "reduce_overhead" else prepared
 
 
 def _check_outputs(runners: dict[str, ModelRunner], batch_sizes: Sequence[int], decode: list[int]) -> dict[str, float]:
@@ -198,10 +253,11 @@ def _row(
     runner: ModelRunner, mode: str, batch_size: int, samples: Samples, config: BenchConfig, decode: list[int]
 ) -> dict[str, Any]:
     prepared = _prepare(runner, mode, batch_size, decode)
-    launches, kernels, segments, breaks = count_launches(runner, prepared)
+    peer = mode == "reduce_overhead"  # torch's graph trees: no structure of ours to count (the profiler can)
+    launches, kernels, segments, breaks = (math.nan,) * 4 if peer else count_launches(runner, prepared)
     # FULL graphs froze capture-safe metadata: the aten body reads the model's whole key range there (a toy
     # artefact); the Triton kernel stops at the live seq_lens, as vLLM's, in every mode.
-    frozen = BENCH_MODES[mode].cg_mode is CUDAGraphMode.FULL and config.kernels == "aten"
+    frozen = (BENCH_MODES[mode].cg_mode is CUDAGraphMode.FULL or peer) and config.kernels == "aten"
     key_range = config.max_model_len if frozen else prepared.input_batch.max_seq_len
     # In column order; the profiler fills kernel_floor_us (nan until then).
     backend = "cuda" if runner.device.type == "cuda" else "sim"

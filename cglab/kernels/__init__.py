@@ -30,6 +30,7 @@ _LAUNCHERS = {
     "short_conv": ("sconv", "short_conv", 1),
     "compressor": ("compressor", "compressor", 2),
     "linear_attention": ("linear_attn", "linear_attention", 1),
+    "fused_linear": ("linear", "fused_linear", 1),
 }
 _forced: str | None = None  # None: per call, Triton for CUDA tensors when it imports, aten otherwise
 _launched = 0  # Triton kernels launched so far: invisible to a TorchDispatchMode, so counted here

@@ -1,0 +1,94 @@
+"""``cglab::fused_linear``: one linear layer with its neighbours folded in, for small decode batches. An
+RMSNorm before it (prologue), SiLU or SiLU-times-up on its input, a residual add after it (epilogue).
+
+The aten body below is the readable version, what a CPU runs and the oracle of the Triton kernel
+(``cglab/kernels/linear.py``), which runs up to ``MAX_ROWS`` rows in one launch. This is where the toy
+leaves vLLM: vLLM runs bf16 linears through cuBLAS on Hopper (and its norms and activations as their own
+kernels); a norm folded into the linear that follows is the megakernel designs' idea. ``fused_mlps`` puts
+the MLPs on this op: two launches per MLP instead of the norm, two matmuls, the activation and the add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from cglab.kernels import triton_kernel
+
+__all__ = ["FUSED", "MAX_ROWS", "fused_mlps", "fused_linear", "fused_mlp", "linear_reference"]
+
+MAX_ROWS = 16  # the Triton kernel's row limit: a GEMV-like kernel, each weight row read once per launch
+MAX_K = 8192  # it holds the whole input row of a program's weight rows in registers
+ACTIVATIONS = ("none", "silu", "silu_mul")
+
+
+def linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    act: str = "none",
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + act(rms_norm(x)) @ weight.T``, each part optional; ``silu_mul`` takes ``x = [gate, up]``
+    (and no norm: the norm's weight spans the linear's input, not half of it)."""
+    assert act in ACTIVATIONS and (norm_weight is None or act != "silu_mul"), f"act {act!r} with a norm"
+    if norm_weight is not None:
+        x = F.rms_norm(x, (x.shape[-1],), norm_weight, eps)
+    if act == "silu_mul":
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    elif act == "silu":
+        x = F.silu(x)
+    out = F.linear(x, weight)
+    return out if residual is None else residual + out
+
+
+@torch.library.custom_op("cglab::fused_linear", mutates_args=())
+def fused_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float | None,
+    act: str,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """The Triton kernel for up to ``MAX_ROWS`` rows of CUDA tensors (Triton kernel set), else the aten body."""
+    fits = x.shape[0] <= MAX_ROWS and weight.shape[1] <= MAX_K
+    kernel = triton_kernel("fused_linear", x) if fits else None
+    if kernel is not None:
+        return kernel(x, weight, norm_weight, eps, act, residual)
+    return linear_reference(x, weight, norm_weight, eps, act, residual)
+
+
+@fused_linear.register_fake
+def _(x, weight, norm_weight, eps, act, residual):  # noqa: ANN001, ANN202 (the op's signature above)
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def fused_mlp(mlp: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``model.MLP`` in two launches: norm + gate_up, then SiLU-times-up + down + the residual."""
+    gate_up = fused_linear(hidden, mlp.gate_up.weight, mlp.norm.weight, mlp.norm.eps, "none", None)
+    return fused_linear(gate_up, mlp.down.weight, None, None, "silu_mul", hidden)
+
+
+class FUSED:  # noqa: N801 (a switch, read like a constant)
+    """Whether ``model.MLP`` runs through ``fused_mlp``: its forward reads ``FUSED.mlps``, so torch.compile
+    guards on it when it traces (a model built and captured with it on keeps its fused graphs)."""
+
+    mlps = False
+
+
+@contextmanager
+def fused_mlps(fused: bool = True) -> Iterator[None]:
+    """Inside the block every ``model.MLP`` runs through ``fused_mlp`` (``fused=False``: its modules), the
+    graphs captured there included."""
+    before, FUSED.mlps = FUSED.mlps, fused
+    try:
+        yield
+    finally:
+        FUSED.mlps = before
