@@ -57,7 +57,7 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     switch("--legacy-skip-attn", help="capture as before vLLM PR #49364 (the bug)")
     p.add_argument("--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(LAYER_KINDS)}")
     switch("--strict-layers", help="stateful layers without the None guard")
-    switch("--python-guards", help="the None guard in plain Python (Inkling's style): traced once by dynamo")
+    switch("--python-guards", help="the None guard in plain Python (Inkling, DeepSeek V4): traced once by dynamo")
     switch("--pre-49751-dummy-split", help="the capture batch split before vLLM PR #49751 (the revert of #49364)")
     p.add_argument("--capture-sizes", type=int_list, help="tokens per graph (default 1,2,4,8; K+1 times those)")
     p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
