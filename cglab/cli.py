@@ -58,8 +58,16 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(LAYER_KINDS)}")
     switch("--strict-layers", help="stateful layers without the None guard")
     switch("--python-guards", help="the None guard in plain Python (Inkling, DeepSeek V4): traced once by dynamo")
-    switch("--pre-49751-dummy-split", help="the capture batch split before vLLM PR #49751 (the revert of #49364)")
-    p.add_argument("--capture-sizes", type=int_list, help="tokens per graph (default 1,2,4,8; K+1 times those)")
+    switch(
+        "--pre-49751-dummy-split",
+        help="the capture batch split before vLLM PR #49751, which fixed the crash that got #49364 reverted (#49451)",
+    )
+    p.add_argument(
+        "--capture-sizes",
+        type=int_list,
+        help="tokens per graph (default 1,2,4,8; with K drafts, K+1 times those, the toy's choice); as in model "
+        "runner v2 (vLLM PR #45953), PIECEWISE keeps them and FULL decode graphs round up to multiples of K+1",
+    )
     p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
     p.add_argument("--max-num-reqs", type=counts(1), metavar="N", help="request limit (default: the largest batch)")
     p.add_argument("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")

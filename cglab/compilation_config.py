@@ -42,8 +42,9 @@ class CompilationConfig:
     (``"auto"``: ``$CGLAB_COMPILE_BACKEND``, else inductor on CUDA, the FX piece as it is on the CPU).
     ``legacy_skip_attn``: capture as before vLLM PR #49364 (the bug). ``uniform_decode_by_shape``: a batch
     is uniform decode by its shape alone, as before PR #51865. ``pre_49751_dummy_split``: the capture
-    batch's split from before PR #49751 (the revert of #49364). ``check_addresses``: check before every
-    replay that each tensor a graph read was written in place (None: on for the simulator only).
+    batch's split from before PR #49751 (which fixed the crash that got #49364 reverted).
+    ``check_addresses``: check before every replay that each tensor a graph read was written in place (None:
+    on for the simulator only).
     ``cudagraph_mode_note``: set by ``resolve``: why the mode was lowered.
     """
 
