@@ -160,7 +160,7 @@ GRAPH_SWITCHES = [
     ["--strict-layers"],
     ["--python-guards"],
     ["--pre-49751-dummy-split"],
-    ["--uniform-decode-by-shape"],
+    ["--uniform-decode-rule", "51865"],
     ["--num-speculative-tokens", "2", "--frozen-step-index"],
 ]
 NONE_WHY = "under --mode none: it captures no graph (the run compares eager with eager)"
