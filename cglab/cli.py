@@ -236,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # before the CglabError clause: a NotSavedError is both
         status = 1
         message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
+    except ModuleNotFoundError as exc:  # a Python outside the venv, such as a bare `python` in a terminal
+        message = f"{sys.executable} has no {exc.name}; use the venv's Python: .venv/bin/python -m cglab (make setup)"
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
         message = str(exc)
     except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError
