@@ -77,10 +77,19 @@ LAB_QUIET := --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.
 # "Error displaying widget: model not found". Kept in memory, the signatures last one server, so a notebook
 # from an earlier session, like one fresh from git, shows each explorer's still until its cell runs.
 LAB_TRUST := --NotebookNotary.db_file=:memory:
+# The server listens on this machine only, with a fresh token, whatever ~/.jupyter says (an ip of 0.0.0.0
+# and an empty token there would open the kernels to the network). Jupyter masks a token it did not make
+# ("token=..."), so the recipe prints the address itself. The root is the repository: the file browser
+# and the terminal reach cglab/ and README.md. Port in use: make lab LAB_PORT=8890.
+LAB_PORT ?= 8888
+LAB_SAFE = --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0
 lab: $(STAMP)
 	mkdir -p $(dir $(LAB_OVERRIDES)) && cp tools/jupyterlab_overrides.json $(LAB_OVERRIDES)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" \
-	  $(VENV)/bin/jupyter lab notebooks/ $(LAB_QUIET) $(LAB_TRUST) $(if $(filter 0,$(shell id -u)),--allow-root)
+	@token=$$($(PY) -c "import secrets; print(secrets.token_hex(16))"); \
+	echo "make lab: open http://127.0.0.1:$(LAB_PORT)/lab?token=$$token (a browser may open it for you)"; \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $(VENV)/bin/jupyter lab \
+	  --ServerApp.root_dir="$(CURDIR)" $(LAB_SAFE) --IdentityProvider.token=$$token $(LAB_QUIET) $(LAB_TRUST) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ruff, configured in pyproject.toml. make test runs it first: it takes a second, and a dirty tree
 # fails the build before the long suites start.

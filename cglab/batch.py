@@ -108,12 +108,28 @@ class InputBatch:
         )
 
 
-def get_uniform_decode_token_count(query_lens: Sequence[int], has_prefill: bool) -> int | None:
-    """The tokens every request has in a uniform decode batch, else None (vLLM's function of this name): equal
-    query lengths and no request still prefilling, vLLM's rule as of PR #51865 (before it, the shape alone).
-    Newer vLLM passes ``decode_graph_eligible`` instead (``vllm/v1/worker/gpu/input_batch.py``)."""
+def prefill_runs_as_decode(lens: Sequence[int], computed: Sequence[int], prefilling: Sequence[bool]) -> list[bool]:
+    """Per request: a prompt chunk of one token after earlier chunks, which computes exactly as a decode does
+    (vLLM: ``InputBatch.prefill_runs_as_decode_np``, set in the runner's ``gather_batch_req_state``)."""
+    return [p and q == 1 and c > 0 for q, c, p in zip(lens, computed, prefilling)]
+
+
+def decode_graph_eligible(lens: Sequence[int], computed: Sequence[int], prefilling: Sequence[bool], rule: str) -> bool:
+    """Whether a batch may take a uniform-decode graph (vLLM: ``InputBatch.decode_graph_eligible``, "no prefills,
+    or only prefill rows that run as decodes"), under one of ``compilation_config.UNIFORM_DECODE_RULES``:
+    "current", vLLM's rule today; "51865", PR #51865's (August 2026); "shape", before it the shape alone."""
+    if rule == "shape":
+        return True
+    if rule == "51865":
+        return not any(prefilling)
+    return all(d or not p for d, p in zip(prefill_runs_as_decode(lens, computed, prefilling), prefilling))
+
+
+def get_uniform_decode_token_count(query_lens: Sequence[int], decode_graph_eligible: bool) -> int | None:
+    """The tokens every request has in a uniform decode batch, else None (vLLM's function of this name):
+    equal query lengths in a batch that ``decode_graph_eligible`` admits."""
     max_query_len = max(query_lens)
-    if has_prefill or sum(query_lens) != max_query_len * len(query_lens):
+    if not decode_graph_eligible or sum(query_lens) != max_query_len * len(query_lens):
         return None
     return max_query_len
 

@@ -15,7 +15,7 @@ from cglab import _interrupt
 from cglab._arguments import PROG, Parser, add_command, counts, help_text, int_list, name_list, stdout_to_devnull
 from cglab.bench.cli import add_bench, add_startup
 from cglab.compare import dumps
-from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, CompilationConfig, SpeculativeConfig
+from cglab.compilation_config import DEFAULT_CAPTURE_SIZES, UNIFORM_DECODE_RULES, CompilationConfig, SpeculativeConfig
 from cglab.config import DEVICES, PIECEWISE_FLAVORS, CUDAGraphMode, ToyConfig
 from cglab.errors import CglabError, ConfigError, NotSavedError
 from cglab.layer_registry import get_layer_kind, layer_kinds
@@ -52,8 +52,7 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--piecewise-flavor",
         choices=PIECEWISE_FLAVORS,
-        help="compiled (default): torch.compile split at --splitting-ops, as vLLM; breakable: one capture cut "
-        "at the eager breaks",
+        help="compiled (default): torch.compile split at --splitting-ops, as vLLM; breakable: one capture cut",
     )
     p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: attention); from {OPS}")
     switch("--legacy-skip-attn", help="capture as before vLLM PR #49364 (the bug)")
@@ -61,14 +60,23 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
         "--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(layer_kinds())}"
     )
     switch("--strict-layers", help="stateful layers without the None guard")
-    switch("--python-guards", help="the None guard in plain Python (Inkling's style): traced once by dynamo")
-    switch("--pre-49751-dummy-split", help="the capture batch split before vLLM PR #49751 (the revert of #49364)")
-    p.add_argument("--capture-sizes", type=int_list, help="tokens per graph (default 1,2,4,8; K+1 times those)")
+    switch("--python-guards", help="the None guard in plain Python (Inkling, DeepSeek V4): traced once by dynamo")
+    switch("--pre-49751-dummy-split", help="the capture split before vLLM PR #49751 (its crash got #49364 reverted)")
+    p.add_argument(
+        "--capture-sizes",
+        type=int_list,
+        help="tokens per graph (default 1,2,4,8; with K drafts, the toy's default is K+1 times those); as in "
+        "model runner v2 (vLLM PR #45953), PIECEWISE keeps the sizes, FULL decode graphs round up to K+1",
+    )
     p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
     p.add_argument("--max-num-reqs", type=counts(1), metavar="N", help="request limit (default: the largest batch)")
     p.add_argument("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")
     p.add_argument("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
-    switch("--uniform-decode-by-shape", help="uniform decode by batch shape alone, as vLLM before PR #51865")
+    p.add_argument(
+        "--uniform-decode-rule",
+        choices=UNIFORM_DECODE_RULES,
+        help="which batches take decode graphs: current (default), vLLM today; 51865, PR #51865's; shape, before",
+    )
     p.add_argument("--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="drafts a step (greedy)")
     p.add_argument("--draft-layers", type=name_list(layer_kinds()), help="the drafter's layers (default: attn)")
     switch("--frozen-step-index", help="the draft step index as a Python int, frozen at capture (vLLM #48892)")
@@ -124,7 +132,7 @@ def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
 # Switches that change only how graphs are captured or replayed; --mode none captures none.
 _GRAPH_SWITCHES = (
     "legacy_skip_attn piecewise_flavor splitting_ops capture_sizes strict_layers python_guards pre_49751_dummy_split "
-    "uniform_decode_by_shape frozen_step_index"
+    "uniform_decode_rule frozen_step_index"
 ).split()
 
 
@@ -150,7 +158,7 @@ def _check_repro(args: argparse.Namespace) -> None:
         use_breakable_cg=breakable,
         splitting_ops=None if breakable else args.splitting_ops,  # breakable graphs split at no op
         legacy_skip_attn=args.legacy_skip_attn,
-        uniform_decode_by_shape=args.uniform_decode_by_shape,
+        uniform_decode_rule=args.uniform_decode_rule or "current",
         pre_49751_dummy_split=args.pre_49751_dummy_split,
     )
     args.config = ToyConfig(
@@ -233,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # before the CglabError clause: a NotSavedError is both
         status = 1
         message = str(exc) if isinstance(exc, NotSavedError) else f"{exc}; check the disk and the path, then run again"
+    except ModuleNotFoundError as exc:  # a Python outside the venv, such as a bare `python` in a terminal
+        message = f"{sys.executable} has no {exc.name}; use the venv's Python: .venv/bin/python -m cglab (make setup)"
     except CglabError as exc:  # bad values that only the engine can judge (sizes, devices, capacity)
         message = str(exc)
     except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError

@@ -29,6 +29,9 @@ COMPILE_BACKENDS = ("auto", "eager", "inductor")
 GRAPH_BACKENDS = ("auto", "sim", "cuda")
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8)
 COMPILE_BACKEND_ENV = "CGLAB_COMPILE_BACKEND"
+# Which batches may take a uniform-decode graph (``cglab.batch.decode_graph_eligible``), dated: vLLM's rule
+# today, the rule of vLLM PR #51865 (August 2026), and the rule before it (the shape alone).
+UNIFORM_DECODE_RULES = ("current", "51865", "shape")
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,12 @@ class CompilationConfig:
     ``use_breakable_cg``: PIECEWISE as one breakable capture of the plain model, instead of torch.compile
     pieces split at ``splitting_ops`` (None: the model's attention ops). ``backend``: how pieces compile
     (``"auto"``: ``$CGLAB_COMPILE_BACKEND``, else inductor on CUDA, the FX piece as it is on the CPU).
-    ``legacy_skip_attn``: capture as before vLLM PR #49364 (the bug). ``uniform_decode_by_shape``: a batch
-    is uniform decode by its shape alone, as before PR #51865. ``pre_49751_dummy_split``: the capture
-    batch's split from before PR #49751 (the revert of #49364). ``check_addresses``: check before every
-    replay that each tensor a graph read was written in place (None: on for the simulator only).
+    ``legacy_skip_attn``: capture as before vLLM PR #49364 (the bug). ``uniform_decode_rule``: which batches
+    count as uniform decode (``UNIFORM_DECODE_RULES``): vLLM's rule today, PR #51865's or the
+    shape alone, as before it. ``pre_49751_dummy_split``: the capture
+    batch's split from before PR #49751 (which fixed the crash that got #49364 reverted).
+    ``check_addresses``: check before every replay that each tensor a graph read was written in place (None:
+    on for the simulator only).
     ``cudagraph_mode_note``: set by ``resolve``: why the mode was lowered.
     """
 
@@ -52,7 +57,7 @@ class CompilationConfig:
     splitting_ops: tuple[str, ...] | None = None
     backend: str = "auto"
     legacy_skip_attn: bool = False
-    uniform_decode_by_shape: bool = False
+    uniform_decode_rule: str = "current"
     pre_49751_dummy_split: bool = False
     graph_backend: str = "auto"
     check_addresses: bool | None = None
@@ -70,9 +75,13 @@ class CompilationConfig:
         if len(set(sizes)) != len(sizes):
             raise ConfigError(f"capture sizes must be distinct, got {list(sizes)}; drop the duplicates")
         object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(sizes)))
-        for name in ("use_breakable_cg", "legacy_skip_attn", "uniform_decode_by_shape", "pre_49751_dummy_split"):
+        for name in ("use_breakable_cg", "legacy_skip_attn", "pre_49751_dummy_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.uniform_decode_rule not in UNIFORM_DECODE_RULES:
+            raise ConfigError(
+                f"uniform_decode_rule must be one of {UNIFORM_DECODE_RULES}, got {self.uniform_decode_rule!r}"
+            )
         if not isinstance(self.check_addresses, (bool, type(None))):
             raise ConfigError(
                 f"check_addresses must be True, False or None (the graph backend's default), "

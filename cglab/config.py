@@ -159,10 +159,10 @@ class ToyConfig:
     sconv_kernel_size: int = 4  # taps of the short convolution, the current token included
     compress_ratio: int = 4  # the compressor emits one entry every `compress_ratio` tokens
     strict_layers: bool = False  # stateful layers without the `metadata is None` guard
-    # The stateful layers' guard in plain Python in the module's forward (Inkling's style:
-    # InklingShortConv.forward), not inside their custom op: under torch.compile dynamo then decides it
-    # once, when it traces. (DeepSeek V4 keeps its compressor inside the splitting op
-    # vllm::deepseek_v4_attention, which dynamo never traces.)
+    # The stateful layers' guard in plain Python in the module's forward, as Inkling and DeepSeek V4 write
+    # it (InklingShortConv.forward, DeepseekCompressor.forward), not inside their custom op: under
+    # torch.compile dynamo then decides it once, when it traces. (vLLM compiles neither model: both run
+    # breakable graphs.)
     python_guards: bool = False
     dtype: str = "float32"
     seed: int = 0

@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
+from cglab.batch import (
+    BatchExecutionDescriptor,
+    CudagraphDispatcher,
+    InputBatch,
+    decode_graph_eligible,
+    get_uniform_decode_token_count,
+)
 from cglab.buffers import BlockTables, InputBuffers
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
@@ -244,8 +250,9 @@ class ModelRunner:
         return PreparedStep(desc, input_batch, attn_metadata, reqs, seq_lens)
 
     def _uniform_token_count(self, reqs: Sequence[RequestState], query_lens: Sequence[int]) -> int | None:
-        has_prefill = not self.compilation_config.uniform_decode_by_shape and any(r.is_prefilling() for r in reqs)
-        return get_uniform_decode_token_count(query_lens, has_prefill)
+        computed, prefilling = [r.num_computed_tokens for r in reqs], [r.is_prefilling() for r in reqs]
+        eligible = decode_graph_eligible(query_lens, computed, prefilling, self.compilation_config.uniform_decode_rule)
+        return get_uniform_decode_token_count(query_lens, eligible)
 
     def execute(self, prepared: PreparedStep) -> torch.Tensor:
         """Replay ``prepared``'s FULL graph, or run the model under its forward context (NONE, PIECEWISE).

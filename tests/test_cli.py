@@ -160,7 +160,7 @@ GRAPH_SWITCHES = [
     ["--strict-layers"],
     ["--python-guards"],
     ["--pre-49751-dummy-split"],
-    ["--uniform-decode-by-shape"],
+    ["--uniform-decode-rule", "51865"],
     ["--num-speculative-tokens", "2", "--frozen-step-index"],
 ]
 NONE_WHY = "under --mode none: it captures no graph (the run compares eager with eager)"
@@ -535,3 +535,15 @@ def test_a_frozen_step_index_run_says_so_in_its_header(
     monkeypatch.setattr("cglab.spec_decode.run_spec_repro", lambda *a, **k: result)
     assert main(["repro", "--mode", "full", "--num-speculative-tokens", "2", "--frozen-step-index"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"mode FULL, layers sconv,attn, {frozen}, backend sim"
+
+
+def test_a_python_without_torch_gets_one_line_that_names_the_venv(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare `python` in a terminal at the repository root finds cglab but not torch: one line, exit 2."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails as it does outside the venv
+    assert main(["repro", "--steps", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"python -m cglab repro: error: {sys.executable} has no torch; use the venv's Python: "
+        ".venv/bin/python -m cglab (make setup)\n"
+    )

@@ -1,8 +1,10 @@
 """``describe_dispatch``: the table of batch shape -> descriptor, per policy, that notebooks 02 and 03 print."""
 
+import pytest
+
 from cglab import ModelRunner, ToyConfig
-from cglab.compilation_config import CompilationConfig
-from cglab.lab.describe import BatchShape, describe_dispatch, dispatch_cell
+from cglab.compilation_config import UNIFORM_DECODE_RULES, CompilationConfig
+from cglab.lab.describe import BatchShape, describe_dispatch, describe_uniform_decode_rules, dispatch_cell
 
 SIZES, MAX_REQS = (1, 2, 4, 8), 6
 
@@ -23,8 +25,10 @@ def test_rows_follow_the_dispatch_rules():
         BatchShape("3 decodes", (1, 1, 1)),
         BatchShape("5 decodes", (1,) * 5),
         BatchShape("chunk", (4, 1, 1), (True,)),
-        BatchShape("1-token chunk", (1, 1), (True,)),
-        BatchShape("1-token chunk, by shape", (1, 1), (True,), by_shape=True),
+        BatchShape("1-token prompt", (1, 1), (True,)),
+        BatchShape("1-token prompt, by shape", (1, 1), (True,), rule="shape"),
+        BatchShape("last prompt token", (1, 1), (True,), (4,)),
+        BatchShape("last prompt token, #51865", (1, 1), (True,), (4,), rule="51865"),
         BatchShape("too large", (8, 1), (True,)),
     ]
     table = describe_dispatch(SIZES, MAX_REQS, shapes)
@@ -33,30 +37,47 @@ def test_rows_follow_the_dispatch_rules():
     assert _row(table, "5 decodes")[2:] == ["FULL 8/6", "PIECEWISE 8", "eager", "PIECEWISE 8"]
     # plain FULL serves a mixed batch; the decode-only policies do not
     assert _row(table, "chunk")[1:] == ["-", "FULL 8/6", "PIECEWISE 8", "eager", "PIECEWISE 8"]
-    assert _row(table, "1-token chunk")[1:4] == ["-", "FULL 2/2", "PIECEWISE 2"]
-    assert _row(table, "1-token chunk, by shape")[1:4] == ["1", "FULL 2/2", "FULL 2/2 u=1"]
+    assert _row(table, "1-token prompt")[1:4] == ["-", "FULL 2/2", "PIECEWISE 2"]
+    assert _row(table, "1-token prompt, by shape")[1:4] == ["1", "FULL 2/2", "FULL 2/2 u=1"]
+    assert _row(table, "last prompt token")[1:4] == ["1", "FULL 2/2", "FULL 2/2 u=1"]
+    assert _row(table, "last prompt token, #51865")[1:4] == ["-", "FULL 2/2", "PIECEWISE 2"]
     assert _row(table, "too large")[2:] == ["eager"] * 4
     assert max(map(len, table.splitlines())) <= 107  # beside JupyterLab's file browser at 1280 pixels
 
 
-def test_shapes_are_classified_as_the_runner_classifies_them():
-    """A 1-token prompt chunk beside a decode: the table and a real runner agree, under both rules."""
-    for by_shape in (False, True):
-        runner = ModelRunner(
-            ToyConfig(layers="attn", max_num_reqs=MAX_REQS),
-            CompilationConfig("full_and_piecewise", SIZES, uniform_decode_by_shape=by_shape),
-        )
-        runner.add_request("old")
-        runner.step({"old": [1, 2, 3]}, eager=True)
-        runner.add_request("new", num_prompt_tokens=3)
-        real = dispatch_cell(runner.prepare_step({"old": [4], "new": [5]}).descriptor)
-        table = describe_dispatch(
-            SIZES,
-            MAX_REQS,
-            [BatchShape("x", (1, 1), (False, True), by_shape=by_shape)],
-            policies=[runner.dispatcher.policy],
-        )
-        assert _row(table, "x")[2] == real
+@pytest.mark.parametrize("rule", UNIFORM_DECODE_RULES)
+def test_shapes_are_classified_as_the_runner_classifies_them(rule: str) -> None:
+    """A first and a later 1-token prompt chunk beside a decode: the tables and a real runner agree."""
+    runner = ModelRunner(
+        ToyConfig(layers="attn", max_num_reqs=MAX_REQS),
+        CompilationConfig("full_and_piecewise", SIZES, uniform_decode_rule=rule),
+    )
+    runner.add_request("old")
+    runner.step({"old": [1, 2, 3]}, eager=True)
+    runner.add_request("new", num_prompt_tokens=3)
+    shapes = [BatchShape("first", (1, 1), (False, True), rule=rule), BatchShape("later", (1, 1), (False, True), (3, 1))]
+    tables = [
+        describe_dispatch(SIZES, MAX_REQS, shapes[:1], policies=[runner.dispatcher.policy]),
+        describe_uniform_decode_rules(SIZES, MAX_REQS, shapes),
+    ]
+    column = 1 + UNIFORM_DECODE_RULES.index(rule)
+    for label, tokens in (("first", [5]), ("later", [6])):
+        real = dispatch_cell(runner.step({"old": [4], "new": tokens}).descriptor)
+        if label == "first":
+            assert _row(tables[0], label)[2] == real
+        assert _row(tables[1], label)[column] == real
+
+
+def test_the_rules_table_has_one_column_per_rule_and_fits_beside_the_file_browser() -> None:
+    table = describe_uniform_decode_rules(SIZES, MAX_REQS, [BatchShape("3 decodes", (1, 1, 1))])
+    assert [c.strip() for c in table.splitlines()[1].split(" | ")] == [
+        "batch",
+        "vLLM today: current",
+        "#51865 (Aug 2026): 51865",
+        "before #51865: shape",
+    ]
+    assert _row(table, "3 decodes")[1:] == ["FULL 4/4 u=1"] * 3
+    assert max(map(len, table.splitlines())) <= 107
 
 
 def test_spec_decode_sizes_of_both_model_runners():

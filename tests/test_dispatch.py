@@ -3,9 +3,15 @@
 import pytest
 
 from cglab import BatchExecutionDescriptor, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig
-from cglab.batch import uniform_decode_sizes
+from cglab.batch import (
+    decode_graph_eligible,
+    get_uniform_decode_token_count,
+    prefill_runs_as_decode,
+    uniform_decode_sizes,
+)
 from cglab.compilation_config import CompilationConfig
 from cglab.config import default_capture_sizes
+from cglab.errors import ConfigError
 
 NONE, PW, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
 FAP, FDO = CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY
@@ -96,18 +102,41 @@ def _runner_with_prompts(policy: str, **kwargs) -> ModelRunner:
     return runner
 
 
-def test_a_prompt_chunk_shaped_like_decode_is_not_uniform_decode():
-    """Since vLLM PR #51865 a batch with a request still prefilling never takes a decode graph."""
-    runner = _runner_with_prompts("full_and_piecewise")
-    assert str(runner.step({"old": [4], "new": [5]}).descriptor) == "PIECEWISE(tokens=2, reqs=any)"
-    assert str(runner.step({"old": [6], "new": [7]}).descriptor) == "PIECEWISE(tokens=2, reqs=any)"
-    assert str(runner.step({"old": [8], "new": [9]}).descriptor) == "PIECEWISE(tokens=2, reqs=any)"  # last prompt token
-    assert str(runner.step({"old": [1], "new": [2]}).descriptor) == "FULL(tokens=2, reqs=2, uniform=1)"  # decoding
+# One request's prompt arrives a token a step beside a decode: its first token (nothing cached yet), two
+# tokens after earlier ones, then a decode. The graph each step takes under each dated rule.
+F2, P2 = "FULL(tokens=2, reqs=2, uniform=1)", "PIECEWISE(tokens=2, reqs=any)"
+RULE_STEPS = {
+    "current": [P2, F2, F2, F2],  # vLLM today: a 1-token chunk after earlier chunks runs as a decode
+    "51865": [P2, P2, P2, F2],  # vLLM PR #51865 (August 2026): no request may be prefilling
+    "shape": [F2, F2, F2, F2],  # before #51865: equal query lengths alone
+}
 
 
-def test_before_51865_the_shape_alone_decided():
-    runner = _runner_with_prompts("full_and_piecewise", uniform_decode_by_shape=True)
-    assert str(runner.step({"old": [4], "new": [5]}).descriptor) == "FULL(tokens=2, reqs=2, uniform=1)"
+@pytest.mark.parametrize("rule", RULE_STEPS)
+def test_one_token_prompt_chunks_under_each_uniform_decode_rule(rule: str) -> None:
+    runner = _runner_with_prompts("full_and_piecewise", uniform_decode_rule=rule)
+    steps = [{"old": [4], "new": [5]}, {"old": [6], "new": [7]}, {"old": [8], "new": [9]}, {"old": [1], "new": [2]}]
+    assert [str(runner.step(s).descriptor) for s in steps] == RULE_STEPS[rule]
+
+
+def test_prefill_runs_as_decode_and_decode_graph_eligible_by_their_vllm_definitions() -> None:
+    # a decode, a first prompt token, a 1-token chunk after 4 cached tokens, a 3-token chunk after 4
+    lens, computed, prefilling = (1, 1, 1, 3), (7, 0, 4, 4), (False, True, True, True)
+    assert prefill_runs_as_decode(lens, computed, prefilling) == [False, False, True, False]
+    eligible = {r: decode_graph_eligible(lens[:1] + lens[2:3], (7, 4), (False, True), r) for r in RULE_STEPS}
+    assert eligible == {"current": True, "51865": False, "shape": True}
+    first = {r: decode_graph_eligible(lens[:2], computed[:2], prefilling[:2], r) for r in RULE_STEPS}
+    assert first == {"current": False, "51865": False, "shape": True}
+    assert get_uniform_decode_token_count((1, 1), True) == 1
+    assert get_uniform_decode_token_count((1, 1), False) is None
+    assert get_uniform_decode_token_count((1, 3), True) is None
+
+
+def test_an_unknown_uniform_decode_rule_is_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"uniform_decode_rule must be one of \('current', '51865', 'shape'\), got 'today'"
+    ):
+        CompilationConfig("full_and_piecewise", uniform_decode_rule="today")
 
 
 def test_default_capture_sizes_ladder():

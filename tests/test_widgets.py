@@ -21,7 +21,7 @@ from cglab.compilation_config import CompilationConfig
 from cglab.lab import widgets
 from cglab.lab.anatomy import graph_pieces
 from cglab.lab.describe import describe_environment, describe_requests, describe_step
-from cglab.lab.draw import draw_caches, draw_divergence, draw_graph_anatomy, draw_padding
+from cglab.lab.draw import DPI, draw_caches, draw_divergence, draw_graph_anatomy, draw_padding
 from cglab.lab.interactive import STILL_LINE, interactive, still_html
 from cglab.lab.widgets import (
     CHUNKED_STEPS,
@@ -497,3 +497,9 @@ def test_a_change_during_a_redraw_is_coalesced_into_the_newest_value(capsys):
     explorer.release.set()
     drawing.join(timeout=10)
     assert explorer.drawn == [0, 1, 4] and explorer.overlaps == 0
+
+
+def test_the_decode_explorer_keeps_its_text_legible_at_its_last_step():
+    """Wider than the output area beside the file browser (848 pixels), JupyterLab would shrink the figure,
+    its text with it: at the slider's last step the caches span 15 blocks."""
+    assert decode_explorer(12).get_size_inches()[0] * DPI <= 840

@@ -120,9 +120,9 @@ def describe_pieces(runner: ModelRunner, desc: BatchExecutionDescriptor | None =
     desc = _descriptor(runner, desc)
     pieces = graph_pieces(runner, desc)
     graphs = [p for p in pieces if not p.eager]
-    lines = [
-        f"{desc}, {_flavor(runner, desc)} ({_where(runner)}): {len(graphs)} graph(s), "
-        f"{sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)"
+    lines = [  # two lines: each fits beside JupyterLab's file browser at 1280 pixels
+        f"{desc}, {_flavor(runner, desc)} ({_where(runner)}):",
+        f"  {len(graphs)} graph(s), {sum(p.num_ops for p in graphs)} ops; {len(pieces) - len(graphs)} eager step(s)",
     ]
     width = max(len(p.name) for p in pieces)
     for p in pieces:

@@ -12,15 +12,13 @@ import matplotlib
 import torch
 
 from cglab import __version__
-from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, get_uniform_decode_token_count
+from cglab import batch as batching
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import get_backend
 from cglab.runner import ModelRunner, PreparedStep
 
-DISPATCH_POLICIES = tuple(
-    CUDAGraphMode[name] for name in ("FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE")
-)
+DISPATCH_POLICIES = tuple(CUDAGraphMode[n] for n in ("FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE"))
 
 
 def describe_environment(device: str = "cpu") -> str:
@@ -62,19 +60,23 @@ def describe_step(prepared: PreparedStep) -> str:
 
 @dataclass(frozen=True)
 class BatchShape:
-    """A batch as the dispatcher sees it; ``by_shape``: the rule before vLLM PR #51865 (equal query lengths)."""
+    """A batch as the dispatcher sees it: per request its new tokens, whether it is prefilling and its tokens
+    cached (missing entries: decoding; 0); ``rule``: which batches are uniform decode (``UNIFORM_DECODE_RULES``)."""
 
     label: str
     query_lens: tuple[int, ...]
-    prefilling: tuple[bool, ...] = ()  # per request; missing entries: decoding
-    by_shape: bool = False
+    prefilling: tuple[bool, ...] = ()
+    num_computed: tuple[int, ...] = ()
+    rule: str = "current"
 
-    def uniform_token_count(self) -> int | None:
+    def uniform_token_count(self, rule: str | None = None) -> int | None:
         """What the runner passes to dispatch: the tokens per request of a uniform decode batch, else None."""
-        return get_uniform_decode_token_count(self.query_lens, not self.by_shape and any(self.prefilling))
+        computed = (*self.num_computed, *[0] * len(self.prefilling))
+        eligible = batching.decode_graph_eligible(self.query_lens, computed, self.prefilling, rule or self.rule)
+        return batching.get_uniform_decode_token_count(self.query_lens, eligible)
 
 
-def dispatch_cell(desc: BatchExecutionDescriptor) -> str:
+def dispatch_cell(desc: batching.BatchExecutionDescriptor) -> str:
     """A descriptor as ``describe_dispatch`` prints it: ``FULL 4/4 u=1``, ``PIECEWISE 8``, ``eager`` (NONE)."""
     if desc.cg_mode is CUDAGraphMode.NONE:
         return "eager"
@@ -90,21 +92,33 @@ def describe_dispatch(
     policies: Sequence[CUDAGraphMode] = DISPATCH_POLICIES,
 ) -> str:
     """A table of the graph dispatch picks (``dispatch_cell``), one row per batch shape, one column per policy."""
-    dispatchers = [CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
-    header = ["batch", "uniform", *(p.name for p in policies)]
-    rows = [header]
+    dispatchers = [batching.CudagraphDispatcher(p, capture_sizes, max_num_reqs) for p in policies]
+    rows = [["batch", "uniform", *(p.name for p in policies)]]
     for shape in shapes:
         uniform = shape.uniform_token_count()
         descs = [d.dispatch(len(shape.query_lens), sum(shape.query_lens), uniform) for d in dispatchers]
         rows.append([shape.label, "-" if uniform is None else str(uniform), *map(dispatch_cell, descs)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [
-        f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}",
-        "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode",
-    ]
-    lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(3, "-+-".join("-" * w for w in widths))  # under the header
-    return "\n".join(lines)
+    key = "each cell: the graph's mode, tokens/requests (PIECEWISE: any requests), u=1 if for uniform decode"
+    return "\n".join([f"capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}", key, *_table(rows)])
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """Rows as aligned text columns, a rule under the first (the header)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return [lines[0], "-+-".join("-" * w for w in widths), *lines[1:]]
+
+
+def describe_uniform_decode_rules(capture_sizes: Sequence[int], max_num_reqs: int, shapes: Sequence[BatchShape]) -> str:
+    """The graph each batch shape takes (``dispatch_cell``) under FULL_AND_PIECEWISE, one column per rule."""
+    dispatcher = batching.CudagraphDispatcher(CUDAGraphMode.FULL_AND_PIECEWISE, capture_sizes, max_num_reqs)
+    names = {"current": "vLLM today", "51865": "#51865 (Aug 2026)", "shape": "before #51865"}
+    rows = [["batch", *(f"{name}: {rule}" for rule, name in names.items())]]
+    for s in shapes:
+        descs = [dispatcher.dispatch(len(s.query_lens), sum(s.query_lens), s.uniform_token_count(r)) for r in names]
+        rows.append([s.label, *map(dispatch_cell, descs)])
+    title = f"FULL_AND_PIECEWISE, capture sizes {tuple(sorted(capture_sizes))}, max_num_reqs={max_num_reqs}"
+    return "\n".join([title, *_table(rows)])
 
 
 def describe_spec_decode_sizes(
@@ -124,7 +138,7 @@ def describe_spec_decode_sizes(
         v1 = v1 or ([q] if q <= sizes[-1] else [])
     lines = [f"capture sizes {tuple(sizes)}, K = {q - 1}, max_num_reqs = {max_num_reqs}, {policy.name}"]
     for runner, ladder in (("v1", v1), ("v2", sizes)):
-        descs = CudagraphDispatcher(policy, ladder, max_num_reqs, q).capture_descriptors()
+        descs = batching.CudagraphDispatcher(policy, ladder, max_num_reqs, q).capture_descriptors()
         graphs = [
             f"{m.name} {', '.join(str(d.num_tokens) for d in reversed(descs) if d.cg_mode is m)}"
             for m in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)

@@ -86,7 +86,8 @@ def draw_caches(runner: ModelRunner, highlight_slots: Sequence[int] = (), title:
         expected = (group_done if name.endswith("compressed_cache") else stored)[:, None]
         image[row] = np.where(shown, by_owner[owner], np.where(expected, _MISSING, _RESERVED))
 
-    fig, ax = new_figure(max(7.0, 0.22 * num_slots + 4.0), 0.45 * len(states) + 1.8)
+    # At most 8.4 inches (840 pixels): wider, the notebook would shrink it and its text with it.
+    fig, ax = new_figure(min(8.4, max(7.0, 0.22 * num_slots + 4.0)), 0.45 * len(states) + 1.8)
     ax.imshow(image, aspect="auto", interpolation="nearest")
     for x in range(0, num_slots + 1, bs):
         ax.axvline(x - 0.5, color="black", lw=0.8)

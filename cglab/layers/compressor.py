@@ -1,6 +1,8 @@
 """DeepSeek-V4-style KV compressor (vLLM: ``vllm/models/deepseek_v4/compressor.py``): every ``ratio`` saved
-states fold into a compressed entry. vLLM runs it inside the splitting op ``vllm::deepseek_v4_attention``;
-the toy puts it inside a graph piece (the custom op ``cglab::compressor``, ``None`` guard inside)."""
+states fold into a compressed entry. vLLM has not compiled DeepSeek V4 since PR #43746; at the fix its compressor
+ran in an eager break, and since #51430 model runner v2 captures it in the breakable graph, its guard in plain
+Python. The toy constructs the failing case: a compiled graph piece (the custom op ``cglab::compressor``,
+``None`` guard inside)."""
 
 from __future__ import annotations
 
