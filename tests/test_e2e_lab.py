@@ -25,13 +25,16 @@ download of Playwright's own.
 How it was shown to fail (once, by hand; the self-tests at the end check the first two on every run,
 on tiny notebooks of their own):
 - the widget manager disabled (what ``jupyter labextension disable @jupyter-widgets/jupyterlab-manager``
-  does; here the server's ``disabledExtensions``): notebooks 02, 04 and 05 fail with "cell N (...)
-  shows a widget as text: Run this cell to get the controls." (the explorer's still);
-- a cell raising an error (``1 / 0`` inserted untagged into notebook 04's first code cell): 04 fails
-  with "cell 1 (...) raised ZeroDivisionError" and "cells 53 never ran";
-- an explorer that drops a change arriving right after a draw (a rate limit in ``_Redraw.request``):
+  does; here the server's ``disabledExtensions``): notebooks 02, 04 and 05 failed with "cell N (...)
+  shows a widget as text: Run this cell to get the controls." (the explorer's still; shown when every
+  cell ran, and the self-test shows it on every run);
+- a cell raising an error (``1 / 0`` inserted untagged atop notebook 02's first code cell): 02 fails
+  with "cell 2 (1 / 0) raised ZeroDivisionError" and "cells 4, 6, ..., 22 never ran" (its cells that
+  became comments too);
+- an explorer that drops a change arriving within 0.3 s of a draw (a rate limit in ``_Redraw.request``):
   notebooks 04 and 05 fail with "after a burst of N quick changes the plot is not the one drawn for
-  the final values" (only the burst catches it there), 02 with "the plot did not change".
+  the final values" (only the burst catches it there), the self-test's explorer with "the plot did not
+  change" (rerun with only the cells the widgets need; earlier, with every cell, 02 failed that way).
 In these runs no two redraws overlapped (the widgets send one change per control at a time, and the
 kernel ran them one after another), so a redraw that mishandles overlapping callbacks is not provoked
 here; tests/test_widgets.py fires those from threads.

@@ -77,8 +77,8 @@ def fresh_problems(shown: dict[str, Any], saved_outputs: int) -> list[str]:
         problems.append(f"its first heading shows no Chinese: {shown['headings'][:2]}")
     if (count := len(CJK.findall(shown["prose"]))) < 200:
         problems.append(f"its prose shows {count} Chinese characters")
-    if shown["outputs"] < saved_outputs:
-        problems.append(f"shows {shown['outputs']} of its {saved_outputs} saved outputs")
+    if saved_outputs and not shown["outputs"]:
+        problems.append("shows none of its saved outputs")
     problems += [f"shows an error output ({name}) in a cell not tagged raises-exception" for name in shown["errors"]]
     if shown["brokenImages"]:
         problems.append(f"{shown['brokenImages']} image(s) did not load")
@@ -159,6 +159,6 @@ def test_fresh_problems_names_english_prose_and_an_error_output() -> None:
         "its prose shows 0 Chinese characters",
     ]
     assert fresh_problems({**shown, "errors": ["ZeroDivisionError"], "outputs": 0}, 3) == [
-        "shows 0 of its 3 saved outputs",
+        "shows none of its saved outputs",
         "shows an error output (ZeroDivisionError) in a cell not tagged raises-exception",
     ]
