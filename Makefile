@@ -108,7 +108,8 @@ test: $(STAMP) lint
 	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
 	test $$unit -eq 0 && test $$e2e -eq 0
 
-# The browser tests (pytest -m e2e): every notebook in JupyterLab in headless Chromium, and make html's
+# The browser tests (pytest -m e2e), in headless Chromium: every notebook opened in JupyterLab as committed,
+# the cells the widgets need run there (nbval has run every cell) and the explorers driven, and make html's
 # pages read offline; screenshots land in build/e2e/. They need the system's Chromium (.ci/run installs
 # it); without one they are skipped, and said so.
 CHROMIUM ?= $(firstword $(shell command -v chromium chromium-browser 2>/dev/null))

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab_explorer import explore, is_explorer
+from notebook_names import WIDGET_VIEW
 
 if TYPE_CHECKING:  # the module imports without Playwright, so a test can skip when it is missing
     from lab_server import LabServer
     from playwright.async_api import BrowserContext, ConsoleMessage, Page
 
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # the MIME type of a saved widget output
 RUN_ALL_TIMEOUT_S = 300.0
 QUIET_S = 0.4  # how long the kernel must stay idle, with nothing left to run, before Run All counts as done
 WIDTH, HEIGHT = 1280, 900
@@ -168,6 +168,11 @@ class LabTab:
         await page.evaluate("async () => { await window.jupyterapp.restored; window.jupyterapp.shell.collapseLeft(); }")
         return tab
 
+    def take_problems(self) -> list[str]:
+        """The errors in the page since the last call (or since the tab opened), forgotten here."""
+        problems, self._problems = self._problems, []
+        return problems
+
     async def run(self, path: str, screenshot: Path | None) -> NotebookRun:
         """Open ``path`` (relative to the server's root), Run All, check, explore, screenshot, close."""
         run = NotebookRun(path)
@@ -200,8 +205,7 @@ class LabTab:
             await self.page.evaluate(CLOSE_NOTEBOOK, path)
         except Exception as error:
             run.problems.append(f"closing the notebook failed: {type(error).__name__}: {error}")
-        run.problems += self._problems
-        self._problems = []
+        run.problems += self.take_problems()
         run.seconds = time.perf_counter() - start
         return run
 

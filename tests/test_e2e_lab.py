@@ -1,16 +1,21 @@
-"""The suite in a real browser: JupyterLab runs every notebook, and the widgets render and answer.
+"""The notebooks with widgets in a real browser: JupyterLab runs them, and the widgets render and answer.
 
-nbval checks the saved outputs; this checks what a learner sees. A JupyterLab server (loopback, free
-port, token) serves an output-stripped copy of ``notebooks/``; headless Chromium opens the notebooks
-in JupyterLab, a few tabs at a time, each notebook with a fresh kernel, runs Run All, and fails on an
-error a cell shows without the ``raises-exception`` tag, a cell that never ran, a widget shown as
-text, a plot that did not load, or an error in the page (``lab_notebook``). Every explorer's controls
-are then moved, one at a time and in a burst, and the plot must follow; every control, a disabled one
-too, must lie within its row in a 1280 x 800 window and a narrower one (``lab_explorer``). A
-screenshot of each notebook and ``report.txt`` land in ``build/e2e/``. Notebooks are found by glob,
-so a new one is tested without changes here; the server and every kernel are stopped at the end.
-One error in the page is excused, and only as often as the server's log proves it: the failed
-kernel list of a race inside jupyter_server (``lab_server.KERNEL_LIST_RACE``), which Lab retries.
+nbval runs every cell of every notebook and checks the saved outputs; tests/test_e2e_fresh.py opens every
+notebook as committed and checks that those outputs show. This checks what only a running Lab shows:
+widgets drawn by their lab extension, and explorers that answer their controls. A JupyterLab server
+(loopback, free port, token) serves an output-stripped copy of each notebook whose saved outputs hold a
+widget, in which only the cells its widgets need run (``notebook_names.cells_widgets_need``: the widget
+cells, the first code cell and, back from them, every cell binding a name they load; the others become
+comments). Headless Chromium opens them in JupyterLab, a few tabs at a time, each notebook with a fresh
+kernel, runs Run All, and fails on an error a cell shows without the ``raises-exception`` tag, a cell
+that never ran, a widget shown as text, a plot that did not load, or an error in the page
+(``lab_notebook``). Every explorer's controls are then moved, one at a time and in a burst, and the plot
+must follow; every control, a disabled one too, must lie within its row in a 1280 x 800 window and a
+narrower one (``lab_explorer``). A screenshot of each notebook and ``report.txt`` land in
+``build/e2e/``. Notebooks are found by glob, so a new one with a widget is run without changes here;
+the server and every kernel are stopped at the end. One error in the page is excused, and only as often
+as the server's log proves it: the failed kernel list of a race inside jupyter_server
+(``lab_server.KERNEL_LIST_RACE``), which Lab retries.
 
 Run it with ``make test-e2e`` (``make test`` runs it when Chromium is installed), or
 ``pytest -m e2e tests/test_e2e_lab.py``; it needs Chromium (Debian: ``apt-get install chromium``,
@@ -20,13 +25,16 @@ download of Playwright's own.
 How it was shown to fail (once, by hand; the self-tests at the end check the first two on every run,
 on tiny notebooks of their own):
 - the widget manager disabled (what ``jupyter labextension disable @jupyter-widgets/jupyterlab-manager``
-  does; here the server's ``disabledExtensions``): notebooks 02, 04 and 05 fail with "cell N (...)
-  shows a widget as text: Run this cell to get the controls." (the explorer's still);
-- a cell raising an error (``1 / 0`` inserted untagged into notebook 03): 03 fails with "cell 6
-  (1 / 0) raised ZeroDivisionError" and "cells 7, 9, ... never ran";
-- an explorer that drops a change arriving right after a draw (a rate limit in ``_Redraw.request``):
+  does; here the server's ``disabledExtensions``): notebooks 02, 04 and 05 failed with "cell N (...)
+  shows a widget as text: Run this cell to get the controls." (the explorer's still; shown when every
+  cell ran, and the self-test shows it on every run);
+- a cell raising an error (``1 / 0`` inserted untagged atop notebook 02's first code cell): 02 fails
+  with "cell 2 (1 / 0) raised ZeroDivisionError" and "cells 4, 6, ..., 22 never ran" (its cells that
+  became comments too);
+- an explorer that drops a change arriving within 0.3 s of a draw (a rate limit in ``_Redraw.request``):
   notebooks 04 and 05 fail with "after a burst of N quick changes the plot is not the one drawn for
-  the final values" (only the burst catches it there), 02 with "the plot did not change".
+  the final values" (only the burst catches it there), the self-test's explorer with "the plot did not
+  change" (rerun with only the cells the widgets need; earlier, with every cell, 02 failed that way).
 In these runs no two redraws overlapped (the widgets send one change per control at a time, and the
 kernel ran them one after another), so a redraw that mishandles overlapping callbacks is not provoked
 here; tests/test_widgets.py fires those from threads.
@@ -43,8 +51,9 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
-from lab_notebook import LabTab, NotebookRun
+from lab_notebook import WIDGET_VIEW, LabTab, NotebookRun, saved_widget_views
 from lab_server import LabServer, excuse_kernel_list_races
+from notebook_names import cells_widgets_need
 
 from cglab.lab.interactive import STILL_LINE
 
@@ -53,11 +62,13 @@ nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyt
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-# Not the Chinese edition (notebooks/zh/): its code cells are these notebooks', and tests/test_e2e_zh.py opens it.
+# The notebooks whose saved outputs hold a widget. nbval runs every cell of every notebook, and
+# tests/test_e2e_fresh.py opens every notebook as committed; the Chinese edition (notebooks/zh/) has the
+# English code cells, and tests/test_e2e_zh.py opens it.
 NOTEBOOKS = sorted(
     p.relative_to(ROOT).as_posix()
     for p in (ROOT / "notebooks").rglob("*.ipynb")
-    if ".ipynb_checkpoints" not in p.parts and "zh" not in p.parts
+    if ".ipynb_checkpoints" not in p.parts and "zh" not in p.parts and saved_widget_views(p)
 )
 ARTIFACTS = ROOT / "build" / "e2e"
 # Notebooks running at once, one per tab (each with its kernel). One per core left a core idle a third
@@ -66,7 +77,6 @@ ARTIFACTS = ROOT / "build" / "e2e"
 PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min((os.cpu_count() or 2) + 1, 4))))
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
 SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 skip_without_chromium()
 
@@ -76,12 +86,12 @@ ERROR_CELLS = [
     "1 / 0",
     "print('after')",
 ]
+# The suite's explorers run in the notebooks above; here one made with the same ``interactive`` (no torch
+# to import), with a control it always disables: the test must look at it and never move it (Playwright
+# would wait for it to be enabled until its timeout).
 WIDGET_CELLS = [
-    "%matplotlib inline\nfrom cglab.lab.widgets import interactive_decode_explorer",
-    "interactive_decode_explorer()",
-    "import ipywidgets\nipywidgets.IntProgress(value=3, max=10)",  # a widget, not an explorer
-    # An explorer with a control it always disables: the test must look at it and never move it
-    # (Playwright would wait for it to be enabled until its timeout).
+    "%matplotlib inline\nimport ipywidgets",
+    "ipywidgets.IntProgress(value=3, max=10)",  # a widget, not an explorer
     (
         "from matplotlib.figure import Figure\nfrom cglab.lab.interactive import interactive\n\n"
         "def picture(step, frozen):\n    figure = Figure(figsize=(3, 1))\n"
@@ -103,18 +113,22 @@ def _write_notebook(path: Path, sources: list[str], raising: tuple[int, ...] = (
 
 
 def stripped_suite(target: Path) -> None:
-    """The suite as a learner who clears the outputs has it: ``notebooks/`` copied without outputs
-    or saved widget state (and without the work of nbval-skip cells), every other top-level entry
-    linked, so ``../data`` and ``../tests`` resolve."""
+    """The notebooks with widgets as a learner who clears the outputs has them: copied without outputs
+    or saved widget state, and without the work of the cells their widgets do not need; every other
+    top-level entry linked, so ``../data`` and ``../tests`` resolve."""
     for entry in ROOT.iterdir():
         if entry.name != "notebooks" and not entry.name.startswith(".") and entry.name != "build":
             (target / entry.name).symlink_to(entry)
     for relative in NOTEBOOKS:
         notebook = nbformat.read(ROOT / relative, as_version=4)
-        for cell in notebook.cells:
+        needed = cells_widgets_need(notebook.cells)
+        for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
-                if "nbval-skip" in cell.metadata.get("tags", []):
+                if index not in needed:
+                    # nbval ran this cell (make test); Lab runs it as a comment, so the cell numbers stay.
+                    cell.source = "# run by nbval, not here: the browser test runs only the cells the widgets need"
+                elif "nbval-skip" in cell.metadata.get("tags", []):
                     # The cells nbval skips (work make test already does: the regression tests run in a
                     # subprocess) are skipped here too; the cell still runs, as a comment.
                     cell.source = "# skipped by the browser test, as by nbval (make test runs this work itself)"
@@ -299,14 +313,15 @@ def test_an_error_cell_fails_the_run(lab_runs: dict[str, Any]) -> None:
 
 
 def test_a_widget_without_its_lab_extension_fails_the_run(lab_runs: dict[str, Any]) -> None:
-    """Self-test: the same widgets (two explorers, one with a disabled control, and a progress bar) pass
-    with the widget manager and fail without it."""
+    """Self-test: the same widgets (an explorer with a disabled control, and a progress bar) pass with the
+    widget manager and fail without it."""
     run = lab_runs["selftest/widget.ipynb"]
-    assert (run.problems, run.widgets, run.explorers) == ([], 3, 2) and run.control_moves > 0
+    assert (run.problems, run.widgets, run.explorers) == ([], 2, 1) and run.control_moves > 0
     problems = lab_runs[SELFTEST_WITHOUT_WIDGETS].problems
     assert problems and all(" shows a widget as text: " in p or "console error" in p for p in problems), problems
     assert any(
-        p.startswith(f"cell 1 (interactive_decode_explorer()) shows a widget as text: {STILL_LINE}") for p in problems
+        p.startswith(f"cell 2 (from matplotlib.figure import Figure) shows a widget as text: {STILL_LINE}")
+        for p in problems
     ), problems
 
 

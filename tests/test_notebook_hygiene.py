@@ -92,6 +92,8 @@ def test_the_first_code_cell_sets_the_notebook_up(path: Path) -> None:
 import ast  # noqa: E402
 import builtins  # noqa: E402
 
+from notebook_names import names_bound, names_loaded, without_magics  # noqa: E402
+
 MAIN_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Text that a template or an author left behind: a reader should never see a placeholder or a note to self.
 UNRENDERED = re.compile(r"\{PR\(|\{\{|\}\}|\bTODO\b|\bFIXME\b")
@@ -152,30 +154,6 @@ def test_the_maps_name_every_notebook(map_notebook: str, heading: str) -> None:
     assert not missing, f"{map_notebook}, '{heading}': no link to {missing}"
 
 
-def _without_magics(source: str) -> str:
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
-
-
-def _names_bound(tree: ast.AST) -> set[str]:
-    """Every name a cell binds anywhere: assignments, for/with/except targets, comprehensions, walrus,
-    imports, defs, classes and parameters (a parameter is bound where its body loads it)."""
-    bound: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            bound.update(node.names)
-    return bound
-
-
 def undefined_names(cells: list[tuple[str, bool]]) -> list[tuple[int, list[str]]]:
     """For each (source, checked) code cell, in order: the names a checked cell loads that no cell up to
     and including it binds, and that are neither builtins nor IPython's. A cell magic (%%) is skipped."""
@@ -184,11 +162,10 @@ def undefined_names(cells: list[tuple[str, bool]]) -> list[tuple[int, list[str]]
     for index, (source, checked) in enumerate(cells):
         if source.lstrip().startswith("%%"):
             continue
-        tree = ast.parse(_without_magics(source))
-        known |= _names_bound(tree)
+        tree = ast.parse(without_magics(source))
+        known |= names_bound(tree)
         if checked:
-            loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            if missing := sorted(loaded - known):
+            if missing := sorted(names_loaded(tree) - known):
                 problems.append((index, missing))
     return problems
 
@@ -227,3 +204,24 @@ def test_the_suite_markdown_stays_short() -> None:
     words = {p.relative_to(ROOT).as_posix(): len(_markdown(nbformat.read(p, as_version=4)).split()) for p in NOTEBOOKS}
     total = sum(words.values())
     assert total <= MAX_SUITE_WORDS, f"{total} words of markdown, more than {MAX_SUITE_WORDS}: {words}"
+
+
+def test_the_browser_runs_the_cells_a_widget_needs_and_no_other() -> None:
+    """``cells_widgets_need`` (tests/test_e2e_lab.py runs only these in JupyterLab): the setup cell, the
+    widget's cell and, back from it, every cell binding a name a kept cell loads."""
+    from notebook_names import WIDGET_VIEW, cells_widgets_need
+
+    widget = nbformat.v4.new_output("display_data", data={WIDGET_VIEW: {"model_id": "m"}, "text/plain": "VBox()"})
+    new = nbformat.v4
+    cells = [
+        new.new_markdown_cell("# title"),
+        new.new_code_cell("%matplotlib inline\nsetup_notebook()"),  # kept as the first code cell
+        new.new_code_cell("x = 1\nunused = 2"),
+        new.new_code_cell("from lab import explorer\ny = x + 1"),
+        new.new_code_cell("def f():\n    return 3\nprint(unused)"),
+        new.new_code_cell("%%bash\necho y"),
+        new.new_markdown_cell("the widget"),
+        new.new_code_cell("explorer(y)", outputs=[widget]),
+        new.new_code_cell("y = 4"),
+    ]
+    assert cells_widgets_need(cells) == {1, 2, 3, 7}
