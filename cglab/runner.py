@@ -12,6 +12,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
+from cglab.capacity import check_fits, engine_problem
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
@@ -86,14 +87,17 @@ class ModelRunner:
         progress: Callable[[BatchExecutionDescriptor], None] | None = None,
         speculative_config: SpeculativeConfig | None = None,
     ) -> None:
+        if progress is not None and not callable(progress):
+            raise ConfigError(f"progress must be a function called with each descriptor captured, got {progress!r}")
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
         self.config = config
         self.device = resolve_device(device)
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
+        cc = CompilationConfig.of(compilation_config)
+        check_fits(*engine_problem(config, cc, self.device, spec))  # before anything is sized by the config
         self.attn_groups = build_attn_groups(config, self.device, builders, layers)
-        cc = CompilationConfig.of(compilation_config).resolve(config, self.device, self.attn_groups, decode_query_len)
-        self.compilation_config = cc
+        cc = self.compilation_config = cc.resolve(config, self.device, self.attn_groups, decode_query_len)
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
         reqs, tokens = config.max_num_reqs, config.max_num_tokens
         self.input_buffers = InputBuffers(reqs, tokens, self.device, cc.pre_49751_dummy_split)
