@@ -535,3 +535,12 @@ def test_a_frozen_step_index_run_says_so_in_its_header(
     monkeypatch.setattr("cglab.spec_decode.run_spec_repro", lambda *a, **k: result)
     assert main(["repro", "--mode", "full", "--num-speculative-tokens", "2", "--frozen-step-index"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"mode FULL, layers sconv,attn, {frozen}, backend sim"
+
+
+def test_the_pre_49751_switch_reaches_the_capture(capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture size of 87 over 8 requests: the old split puts 17 tokens in the last one, above max_model_len
+    (16 for 2 steps), and capture fails (exit 1 with --check); today's split (10, then 11 each) fits."""
+    argv = ["repro", "--capture-sizes", "1,87", "--batch-sizes", "8", "--steps", "2", "--check", "--json"]
+    assert main(argv) == 0
+    assert main([*argv, "--pre-49751-dummy-split"]) == 1
+    assert "above max_model_len" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
