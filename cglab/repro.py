@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cglab.capacity import check_fits, run_problem
+from cglab.capacity import check_run_fits
 from cglab.compare import NON_FINITE, HasState, exceeds, json_safe, state_differences, worst
 from cglab.compilation_config import CompilationConfig
 from cglab.config import ToyConfig
@@ -237,7 +237,7 @@ def run_repro(
     every cache. ``config``: the model (None: the default), sized for the run by ``repro_config``."""
     cc = CompilationConfig.of(compilation_config)
     sized = partial(repro_config, config or ToyConfig(), prefill_chunk=prefill_chunk)
-    check_fits(*run_problem(sized, cc, batch_sizes, steps, max_num_reqs, device))  # before allocating
+    check_run_fits(sized, cc, batch_sizes, steps, max_num_reqs, device)  # before allocating
     config = sized(cc, batch_sizes, steps, max_num_reqs=max_num_reqs)
     result = new_result(cc, config, steps, prefill_chunk)
     # The graph runner first: it checks the device and the capture sizes before it builds anything.

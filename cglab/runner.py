@@ -12,7 +12,7 @@ import torch
 
 from cglab.batch import BatchExecutionDescriptor, CudagraphDispatcher, InputBatch, get_uniform_decode_token_count
 from cglab.buffers import BlockTables, InputBuffers
-from cglab.capacity import check_fits, engine_problem
+from cglab.capacity import check_engine_fits
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
@@ -95,7 +95,7 @@ class ModelRunner:
         self.device = resolve_device(device)
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
         cc = CompilationConfig.of(compilation_config)
-        check_fits(*engine_problem(config, cc, self.device, spec))  # before anything is sized by the config
+        check_engine_fits(config, cc, self.device, spec)  # before anything is sized by the config
         self.attn_groups = build_attn_groups(config, self.device, builders, layers)
         cc = self.compilation_config = cc.resolve(config, self.device, self.attn_groups, decode_query_len)
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)

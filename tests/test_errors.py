@@ -117,7 +117,7 @@ RUNNER_CASES = {
     ),
     "capture batch longer than a request": (
         dict(config=ToyConfig(max_num_reqs=1), compilation_config=CompilationConfig("full", (64,))),
-        "capture size 64: puts 64 tokens in one request of its capture batch (1 requests), above the 48 a request "
+        "capture size 64: puts 64 tokens in one request of its capture batch (of at most 1), above the 48 a request "
         "may hold (max_model_len); the largest capture size that fits is 48",
     ),
     "splitting op not in the model": (

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from cglab.capacity import check_fits, run_problem
+from cglab.capacity import check_run_fits
 from cglab.compilation_config import DRAFT_PREFIX, CompilationConfig, SpeculativeConfig
 from cglab.config import ToyConfig
 from cglab.errors import CaptureError
@@ -46,9 +46,7 @@ def run_spec_repro(
     ``speculative_config``, ``frozen_step_index``: as ``SpecDecodeRunner``'s; the rest as ``run_repro``."""
     cc, k = CompilationConfig.of(compilation_config), speculative_config.num_speculative_tokens
     sized = partial(repro_config, config or ToyConfig(), num_speculative_tokens=k)
-    check_fits(
-        *run_problem(sized, cc, batch_sizes, steps, max_num_reqs, device, speculative_config)
-    )  # before allocating
+    check_run_fits(sized, cc, batch_sizes, steps, max_num_reqs, device, speculative_config)
     config = sized(cc, batch_sizes, steps, max_num_reqs=max_num_reqs)
     result = new_result(cc, config, steps, num_speculative_tokens=k)
     eager = partial(SpecDecodeRunner, config, "none", speculative_config, device=device)
