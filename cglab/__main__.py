@@ -4,8 +4,8 @@ import signal
 import sys
 from pathlib import Path
 
-# Inductor's default cache is /tmp/torchinductor_USER, a name any user of the machine can create first:
-# unless told otherwise, it goes under the project's .cache (a checkout), else under the user's cache folder.
+# Inductor's default cache, /tmp/torchinductor_USER, is a name any user can take first: unless told, the
+# checkout's .cache (an installed package: the user's cache folder).
 _root = Path(__file__).resolve().parents[1]
 _cache = _root / ".cache" if (_root / "pyproject.toml").is_file() else Path.home() / ".cache" / "cglab"
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cache / "torchinductor"))

@@ -114,43 +114,26 @@ LOG_EVERY_S: float | None = 5.0  # without a terminal: a line this often (None: 
 @contextmanager
 def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
     """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``; in a log or a pipe, a line
-    every ``LOG_EVERY_S`` with the steps done and the time left."""
-    if LOG_EVERY_S is None and not sys.stderr.isatty():
-        yield None
-    elif not sys.stderr.isatty():
-        with _progress_lines(steps, LOG_EVERY_S) as tick:
-            yield tick
-    else:
+    every ``LOG_EVERY_S`` (from a thread: start-up calls nothing back) with the steps done and the time left."""
+    if sys.stderr.isatty():
         from tqdm.auto import tqdm
 
         with tqdm(total=steps, desc="repro", unit="step", delay=BAR_DELAY_S, file=sys.stderr, leave=False) as bar:
             yield bar.update
-
-
-@contextmanager
-def _progress_lines(steps: int, every: float) -> Iterator[Callable[[], object]]:
-    """A line on stderr every ``every`` seconds, from a thread: start-up (building, compiling, capturing) calls
-    nothing back. The time left is the steps left at the pace so far."""
+        return
     done, start, stop = [0, 0.0], time.monotonic(), threading.Event()
 
-    def tick() -> None:
-        done[0] += 1
-        done[1] = done[1] or time.monotonic()  # when the first step ended
-
     def report() -> None:
-        while not stop.wait(every):
-            n, first = done
-            left = f"about {(time.monotonic() - first) / n * (steps - n):,.0f} s left" if n > 1 else "starting up"
-            line = f"{PROG} repro: {n:,} of {steps:,} steps after {time.monotonic() - start:,.0f} s, {left}"
-            print(line, file=sys.stderr, flush=True)
+        while LOG_EVERY_S and not stop.wait(LOG_EVERY_S):
+            (n, first), now = done, time.monotonic()
+            left = f"about {(now - first) / n * (steps - n):,.0f} s left" if n > 1 else "starting up"
+            print(f"{PROG} repro: {n:,} of {steps:,} steps after {now - start:,.0f} s, {left}", file=sys.stderr)
 
-    thread = threading.Thread(target=report, daemon=True)
-    thread.start()
+    threading.Thread(target=report, daemon=True).start()
     try:
-        yield tick
+        yield lambda: done.__setitem__(slice(None), [done[0] + 1, done[1] or time.monotonic()])
     finally:
         stop.set()
-        thread.join()
 
 
 # Switches that change only how graphs are captured or replayed; --mode none captures none.
