@@ -98,14 +98,15 @@ def check_fits(
 
 def check_engine_fits(
     config: ToyConfig, cc: CompilationConfig, device: object, spec: SpeculativeConfig | None = None
-) -> None:
-    """A ``ModelRunner``'s boundary: its config's sizes and its largest capture size, by name (a hidden size
-    rounded down to a multiple of the heads)."""
+) -> CompilationConfig:
+    """``cc``, once a ``ModelRunner``'s config sizes and largest capture size fit, or a refusal by name (a
+    hidden size rounded down to a multiple of the heads)."""
     names, heads = ("max_num_reqs", "max_num_batched_tokens", "max_model_len", "num_blocks"), config.num_heads
     sizes = {"capture size": max((*cc.cudagraph_capture_sizes, 1)), "hidden_size": config.hidden_size}
     hidden = lambda v: max(v["hidden_size"] // heads, 1) * heads  # noqa: E731
     sized = lambda v, cut: dataclasses.replace(config, hidden_size=hidden(v), **{n: v[n] for n in names})  # noqa: E731
     check_fits(sizes | {n: vars(config)[n] for n in names}, sized, cc, device, spec)
+    return cc
 
 
 def check_run_fits(

@@ -138,11 +138,8 @@ def save_pair(
                     placed.append(target)
         except BaseException:
             with termination_deferred(("SIGINT",)):
-                for target in placed:
-                    if target in old:
-                        target.write_bytes(old[target])
-                    else:
-                        target.unlink()
+                for target in placed:  # its old bytes back, or gone if it was new
+                    target.write_bytes(old[target]) if target in old else target.unlink()
             raise
         finally:
             for temp in temps:
@@ -155,8 +152,7 @@ def _locked(folder: Path) -> Iterator[None]:
     """An exclusive lock on ``folder``, held until the block ends (none where there is no fcntl: Windows)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX) if fcntl else None
         yield
     finally:
         os.close(fd)
