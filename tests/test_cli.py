@@ -334,7 +334,11 @@ BAD_ARGUMENTS = {
         ["startup", "--out", "x", "--policies", "full_decode_only"],
         "expected comma-separated names from piecewise, full, full_and_piecewise",
     ),
-    "capture size the scenario cannot batch": (["repro", "--capture-sizes", "512"], "drop that size"),
+    "capture size the scenario cannot batch": (
+        ["repro", "--capture-sizes", "512"],
+        "capture size 512: puts 64 tokens in one request of its capture batch (of at most 8), above the 32 a request "
+        "may hold (max_model_len); the largest capture size that fits is 256",
+    ),
 }
 AFTER_TORCH = {"capture size the scenario cannot batch"}
 if not torch.cuda.is_available():
