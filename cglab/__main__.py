@@ -1,8 +1,16 @@
 import contextlib
+import os
 import signal
 import sys
+from pathlib import Path
 
-from cglab.cli import main
+# Inductor's default cache, /tmp/torchinductor_USER, is a name any user can take first: unless told, the
+# checkout's .cache (an installed package: the user's cache folder).
+_root = Path(__file__).resolve().parents[1]
+_cache = _root / ".cache" if (_root / "pyproject.toml").is_file() else Path.home() / ".cache" / "cglab"
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cache / "torchinductor"))
+
+from cglab.cli import main  # noqa: E402  (after the cache is set: torch reads it when it loads)
 
 # main() checks the arguments, imports torch, then handles a Ctrl-C itself (undoing a save in progress).
 status = main()

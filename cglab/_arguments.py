@@ -10,6 +10,8 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from cglab.errors import NotSavedError
+
 PROG = "python -m cglab"
 
 
@@ -87,11 +89,16 @@ def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def print_saved(text: str) -> None:
-    """Print a report of results already saved: a reader of stdout that went away (``| head``) is no error."""
+    """Print a report of results already saved: a reader of stdout that went away (``| head``) is no error,
+    a stdout that fails otherwise (a full disk) one that says the files are saved."""
     try:
         print(text, flush=True)
-    except BrokenPipeError:
+    except OSError as exc:
         stdout_to_devnull()
+        if not isinstance(exc, BrokenPipeError):
+            raise NotSavedError(
+                f"the files are saved, but stdout failed ({exc.strerror or exc}); read them", None
+            ) from None
 
 
 def stdout_to_devnull() -> None:

@@ -26,11 +26,12 @@ def keyboard_interrupt_from_here() -> None:
 
 
 @contextmanager
-def termination_deferred() -> Iterator[None]:
-    """SIGTERM and SIGHUP wait until the block ends, then act as they would have: a save in progress ends
-    whole. Ctrl-C is not deferred: its KeyboardInterrupt undoes the save. Main thread only (elsewhere: no-op)."""
+def termination_deferred(names: tuple[str, ...] = ("SIGTERM", "SIGHUP")) -> Iterator[None]:
+    """The signals ``names`` wait until the block ends, then act as they would have: a save in progress ends
+    whole. Ctrl-C (SIGINT) is deferred only where named: elsewhere its KeyboardInterrupt undoes the save.
+    Main thread only (elsewhere: no-op)."""
     main = threading.current_thread() is threading.main_thread()
-    signums = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if main and hasattr(signal, name)]
+    signums = [getattr(signal, name) for name in names if main and hasattr(signal, name)]
     caught: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signums}
     try:

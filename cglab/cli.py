@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -111,22 +114,38 @@ def _run_repro(args: argparse.Namespace) -> int:
         print(dumps(result.to_json()))
     else:
         print_repro(result, python_guards=args.python_guards, frozen_step_index=args.frozen_step_index)
+    if (result.error or "").startswith("KeyboardInterrupt"):  # Ctrl-C: the steps so far are printed
+        raise KeyboardInterrupt
     return 1 if args.check and failed else 0
 
 
 BAR_DELAY_S = 2.0  # a run shorter than this shows no bar
+LOG_EVERY_S: float | None = 5.0  # without a terminal: a line this often (None: none)
 
 
 @contextmanager
 def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
-    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``; in a log or a pipe, none."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from tqdm.auto import tqdm
+    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``; in a log or a pipe, a line
+    every ``LOG_EVERY_S`` (from a thread: start-up calls nothing back) with the steps done and the time left."""
+    if sys.stderr.isatty():
+        from tqdm.auto import tqdm
 
-    with tqdm(total=steps, desc="repro", unit="step", delay=BAR_DELAY_S, file=sys.stderr, leave=False) as bar:
-        yield bar.update
+        with tqdm(total=steps, desc="repro", unit="step", delay=BAR_DELAY_S, file=sys.stderr, leave=False) as bar:
+            yield bar.update
+        return
+    done, start, stop = [0, 0.0], time.monotonic(), threading.Event()
+
+    def report() -> None:
+        while LOG_EVERY_S and not stop.wait(LOG_EVERY_S):
+            (n, first), now = done, time.monotonic()
+            left = f"about {(now - first) / n * (steps - n):,.0f} s left" if n > 1 else "starting up"
+            print(f"{PROG} repro: {n:,} of {steps:,} steps after {now - start:,.0f} s, {left}", file=sys.stderr)
+
+    threading.Thread(target=report, daemon=True).start()
+    try:
+        yield lambda: done.__setitem__(slice(None), [done[0] + 1, done[1] or time.monotonic()])
+    finally:
+        stop.set()
 
 
 # Switches that change only how graphs are captured or replayed; --mode none captures none.
@@ -217,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: its exit status, or one line on stderr and 2 (bad values), 1 (the file system
     failed; a finished result is kept, see ``_save``) or 130 (Ctrl-C), never a traceback."""
     prog, status = PROG, 2
+    if sys.stderr is None:  # closed (`2>&-`, as under cron): print() would write to stdout instead
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (for the life of the process)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)  # bad arguments: one line and exit 2, before torch

@@ -13,7 +13,7 @@ from cglab.config import (
     CUDAGraphMode,
     ToyConfig,
     check_int,
-    dummy_longest_request,
+    parse_layer_pattern,
     parse_names,
 )
 from cglab.cudagraph_support import AttentionCGSupport
@@ -156,8 +156,6 @@ class CompilationConfig:
                 "(query_start_loc, seq_lens, state indices) that a captured piece would freeze at the "
                 f"dummy batch's size; add {unsplit[0]} to splitting_ops (the default has it)"
             )
-        if mode is not CUDAGraphMode.NONE:
-            self._check_capture_sizes(config)
         backend = self.backend
         if backend == "auto":  # the notebooks set eager on a GPU (cglab.lab.notebook.setup_notebook)
             env = os.environ.get(COMPILE_BACKEND_ENV, "")
@@ -181,28 +179,6 @@ class CompilationConfig:
         }.items():
             object.__setattr__(resolved, name, value)
         return resolved
-
-    def _check_capture_sizes(self, config: ToyConfig) -> None:
-        sizes = self.cudagraph_capture_sizes
-        if sizes and max(sizes) > config.max_num_batched_tokens:
-            raise ConfigError(
-                f"capture size {max(sizes)} exceeds max_num_batched_tokens "
-                f"({config.max_num_batched_tokens}); raise max_num_batched_tokens or drop that size"
-            )
-        # The capture batch is a real batch to the metadata builders: a request longer than
-        # max_model_len would index past its block-table row. The old split is let through: its failure
-        # at capture is the lesson.
-        if self.pre_49751_dummy_split:
-            return
-        too_long = [s for s in sizes if dummy_longest_request(s, config.max_num_reqs) > config.max_model_len]
-        if too_long:
-            s = min(too_long)
-            longest = dummy_longest_request(s, config.max_num_reqs)
-            raise ConfigError(
-                f"capture size {s} does not fit: its capture batch puts {longest} tokens in one request "
-                f"(max_num_reqs {config.max_num_reqs}), above max_model_len "
-                f"({config.max_model_len}); raise max_model_len or max_num_reqs, or drop that size"
-            )
 
     @property
     def piecewise_flavor(self) -> str:
@@ -281,8 +257,30 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if check_int("num_speculative_tokens", self.num_speculative_tokens, 0) == 0:
             raise ConfigError("num_speculative_tokens is 0: there is nothing to draft; use a plain ModelRunner")
-        object.__setattr__(self, "draft_layers", tuple(tuple(pair) for pair in self.draft_layers))
+        pairs = self.draft_layers
+        try:  # the names the drafter builds its layers under, from the kinds after its fusion conv
+            pairs = tuple(map(tuple, pairs))
+            ok = not pairs or pairs == tuple(draft_layer_pairs([kind for _, kind in pairs[1:]]))
+        except (TypeError, ValueError):  # not pairs, or an unknown kind
+            ok = False
+        if not ok:
+            raise ConfigError(
+                f"draft_layers must be the drafter's (name, kind) pairs as draft_layer_pairs('attn') gives them "
+                f"(kinds from {', '.join(layer_kinds())}), got {self.draft_layers!r}"
+            )
+        object.__setattr__(self, "draft_layers", pairs)
 
     @property
     def uniform_decode_query_len(self) -> int:
         return self.num_speculative_tokens + 1
+
+
+DRAFT_PREFIX = "draft."  # draft layer names, "draft.layers.0.sconv": they share metadata dicts with the target's
+FUSION_LAYER = f"{DRAFT_PREFIX}layers.0.sconv"
+
+
+def draft_layer_pairs(layers: str | Sequence[str]) -> list[tuple[str, str]]:
+    """``[("draft.layers.0.sconv", "sconv"), ("draft.layers.1.attn", "attn"), ...]``: the fusion conv,
+    then the decoder layers of the pattern ``layers``."""
+    kinds = parse_layer_pattern(layers)
+    return [(FUSION_LAYER, "sconv"), *((f"{DRAFT_PREFIX}layers.{i}.{kind}", kind) for i, kind in enumerate(kinds, 1))]

@@ -36,6 +36,15 @@ class DecoderLayer(nn.Module):
         return self.mlp(self.mixer(hidden))
 
 
+def position_table(config: ToyConfig, rows_per_draw: int = 64) -> torch.Tensor:
+    """``max_model_len`` position embeddings, drawn in blocks of equal shape from their own generator: row
+    ``p`` depends on the seed alone, so a longer run (a larger table) keeps the same model."""
+    gen = torch.Generator().manual_seed(config.seed)
+    blocks = -(-config.max_model_len // rows_per_draw)
+    table = [torch.randn(rows_per_draw, config.hidden_size, generator=gen) for _ in range(blocks)]
+    return torch.cat(table)[: config.max_model_len]
+
+
 class ToyTransformer(nn.Module):
     """Embeddings, one ``DecoderLayer`` per pattern entry, a norm and the LM head; weights depend only on ``config``."""
 
@@ -48,7 +57,7 @@ class ToyTransformer(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-            self.embed_positions = nn.Embedding(config.max_model_len, config.hidden_size)
+            self.embed_positions = nn.Embedding.from_pretrained(position_table(config), freeze=True)
             self.layers = nn.ModuleList(
                 DecoderLayer(config, kind, name) for kind, name in zip(config.layers, config.layer_names)
             )

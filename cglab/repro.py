@@ -10,10 +10,12 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
+from cglab.capacity import check_run_fits
 from cglab.compare import NON_FINITE, HasState, exceeds, json_safe, state_differences, worst
 from cglab.compilation_config import CompilationConfig
 from cglab.config import ToyConfig
@@ -234,9 +236,9 @@ def run_repro(
     mode) and on an eager reference; compare every step's logits (then call ``progress()``) and, at the end,
     every cache. ``config``: the model (None: the default), sized for the run by ``repro_config``."""
     cc = CompilationConfig.of(compilation_config)
-    config = repro_config(
-        config or ToyConfig(), cc, batch_sizes, steps, prefill_chunk=prefill_chunk, max_num_reqs=max_num_reqs
-    )
+    sized = partial(repro_config, config or ToyConfig(), prefill_chunk=prefill_chunk)
+    check_run_fits(sized, cc, batch_sizes, steps, max_num_reqs, device)  # before allocating
+    config = sized(cc, batch_sizes, steps, max_num_reqs=max_num_reqs)
     result = new_result(cc, config, steps, prefill_chunk)
     # The graph runner first: it checks the device and the capture sizes before it builds anything.
     try:
@@ -287,12 +289,12 @@ def failed_capture(
 
 @contextmanager
 def judged_run(result: ReproResult, runner: ModelRunner | Any, reference: HasState) -> Iterator[None]:
-    """The steps run inside: a ``CglabError`` among them is the run's error, not a crash. Either way the
-    runner is closed and its final state compared with the reference's."""
+    """The steps run inside: a ``CglabError`` among them is the run's error, not a crash, and a Ctrl-C stops
+    the run with the steps so far. Either way the runner is closed and its final state compared with the reference's."""
     try:
         yield
-    except CglabError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+    except (CglabError, KeyboardInterrupt) as exc:
+        result.error = f"{type(exc).__name__}: {str(exc) or f'after {len(result.step_diffs)} steps'}"
     finally:
         runner.close()
     compare_final_state(result, runner, reference)

@@ -18,6 +18,7 @@ from cglab.batch import (
     get_uniform_decode_token_count,
 )
 from cglab.buffers import BlockTables, InputBuffers
+from cglab.capacity import check_engine_fits
 from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
@@ -82,6 +83,8 @@ class ModelRunner:
     ``forward_model``: what every step calls, the model or the model through torch.compile.
     """
 
+    requests: dict[str, RequestState]  # by request id
+
     def __init__(
         self,
         config: ToyConfig,
@@ -92,21 +95,22 @@ class ModelRunner:
         progress: Callable[[BatchExecutionDescriptor], None] | None = None,
         speculative_config: SpeculativeConfig | None = None,
     ) -> None:
+        if progress is not None and not callable(progress):
+            raise ConfigError(f"progress must be a function called with each descriptor captured, got {progress!r}")
         spec = self.speculative_config = speculative_config
         decode_query_len = spec.uniform_decode_query_len if spec else 1
-        self.config = config
-        self.device = resolve_device(device)
+        self.config, self.device = config, resolve_device(device)
         layers = [*zip(config.layer_names, config.layers), *(spec.draft_layers if spec else ())]
+        # Before anything is sized by the config: whether it fits.
+        cc = check_engine_fits(config, CompilationConfig.of(compilation_config), self.device, spec)
         self.attn_groups = build_attn_groups(config, self.device, builders, layers)
-        cc = CompilationConfig.of(compilation_config).resolve(config, self.device, self.attn_groups, decode_query_len)
-        self.compilation_config = cc
+        cc = self.compilation_config = cc.resolve(config, self.device, self.attn_groups, decode_query_len)
         self.model = ToyTransformer(config, self.device, return_hidden_states=spec is not None)
         reqs, tokens = config.max_num_reqs, config.max_num_tokens
         self.input_buffers = InputBuffers(reqs, tokens, self.device, cc.pre_49751_dummy_split)
         self.block_tables = BlockTables(reqs, config.max_blocks_per_req, config.block_size, tokens, self.device)
         self.dispatcher = CudagraphDispatcher(cc.cudagraph_mode, cc.cudagraph_capture_sizes, reqs, decode_query_len)
-        self.block_pool = BlockPool(config.num_blocks)
-        self.requests: dict[str, RequestState] = {}
+        self.block_pool, self.requests = BlockPool(config.num_blocks), {}
         graphs = cc.cudagraph_mode is not CUDAGraphMode.NONE
         backend = self.graph_backend = get_backend(cc.graph_backend, self.device) if graphs else None
         self.forward_model: Callable[..., torch.Tensor] = build_forward_model(self.model, cc, backend)

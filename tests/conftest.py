@@ -8,12 +8,16 @@ from typing import Any
 import pytest
 import torch
 
+from cglab import cli
 from cglab.compilation import caching
 from cglab.config import ToyConfig
 
 # The toy's matrices are tiny: extra intra-op threads only spin, and on a busy CI machine (2 cores,
 # parallel CLI subprocesses) they made steps 30x slower.
 torch.set_num_threads(1)
+# The tests read stderr exactly: a run that a busy machine slows must not add progress lines to it
+# (test_capacity.py turns them on where it tests them).
+cli.LOG_EVERY_S = None
 # Dozens of identical engines per session: they share one dynamo trace (a test-speed device).
 caching.install()
 

@@ -110,8 +110,11 @@ def test_quick_cli_run_writes_parseable_files(tmp_path: Path, capfd: pytest.Capt
     assert set(env["max_abs_diff_vs_eager"]) == set(cpu_modes) and env["max_abs_diff_vs_eager"]["none"] == 0.0
     assert all(diff <= 1e-4 for diff in env["max_abs_diff_vs_eager"].values())  # NaN fails: max() would drop it
     assert env["piecewise_flavor"] == "breakable"  # what the recorded runs measured
-    # The roofline as recorded: the weights over the bandwidth (saved rounded to 0.1 GB/s).
-    assert env["roofline_us"] == pytest.approx(env["weight_bytes"] / env["memory_bandwidth_gb_s"] / 1e3, rel=0.01)
+    # The roofline as recorded: the weights over the bandwidth, which is saved rounded to 0.1 GB/s: the
+    # roofline lies between the two bandwidths that round to it (on a busy machine, a few GB/s, that
+    # rounding alone is more than 1%).
+    low, high = (env["weight_bytes"] / max(env["memory_bandwidth_gb_s"] + d, 1e-3) / 1e3 for d in (0.05, -0.05))
+    assert low * 0.999 <= env["roofline_us"] <= high * 1.001
     assert result.config["quick"] is True and result.config["capture_sizes"] == [1, 2, 4]
     assert all(plots.SIM_LABEL in title for title in _plot_all(result))
 

@@ -146,3 +146,11 @@ def test_dcp_local_seq_lens_match_a_hand_count(cp_interleave, rank):
     assert out.data_ptr() == storage
     # The hand count itself: every token is on exactly one rank.
     assert [a + b for a, b in zip(DCP_TABLE[cp_interleave, 0], DCP_TABLE[cp_interleave, 1])] == DCP_SEQ_LENS
+
+
+@pytest.mark.parametrize("rank", [-1, 2])
+def test_dcp_rank_outside_the_group_is_an_assertion(rank: int) -> None:
+    """Rank 2 of 2 ranks would get a share of no rank (the lengths would not add up): below the boundary, an
+    assertion says so."""
+    with pytest.raises(AssertionError):
+        prepare_dcp_local_seq_lens(torch.zeros(8, dtype=torch.long), torch.tensor(DCP_SEQ_LENS), 6, 2, rank)

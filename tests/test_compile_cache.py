@@ -105,6 +105,17 @@ def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> N
     patched.close()
 
 
+def test_a_patched_function_that_forward_calls_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A learner who patches an op that a forward calls by name gets a runner that runs the patch: the
+    fingerprint covers the functions forward calls, not forward alone."""
+    _runner().close()
+    conv = cglab.layers.sconv.short_conv
+    monkeypatch.setattr(cglab.layers.sconv, "short_conv", lambda *args: conv(*args))
+    patched = _runner()
+    assert not patched.forward_model.trace_reused
+    patched.close()
+
+
 def test_the_startup_benchmark_traces_every_engine_itself() -> None:
     """A start-up row times a first start: a reused trace would time a fraction of it."""
     from cglab.bench.startup import _cold_compiles

@@ -285,11 +285,24 @@ runpy._run_module_as_main("cglab")
 """
 
 
-def test_ctrl_c_during_the_save_of_python_m_cglab_keeps_the_old_pair(tmp_path: Path) -> None:
+# The same Ctrl-C just after the CSV's rename: without the renames deferring it, the CSV would stay new.
+AFTER_THE_CSV = INTERRUPTED_SAVE.replace(
+    """    if str(dst).endswith(".json"):
+        os.kill(os.getpid(), signal.SIGINT)
+    real_replace(src, dst)""",
+    """    real_replace(src, dst)
+    if str(dst).endswith(".csv"):
+        os.kill(os.getpid(), signal.SIGINT)""",
+)
+
+
+@pytest.mark.parametrize("script", [INTERRUPTED_SAVE, AFTER_THE_CSV], ids=["before-the-json", "after-the-csv"])
+def test_ctrl_c_during_the_save_of_python_m_cglab_keeps_the_old_pair(tmp_path: Path, script: str) -> None:
+    assert script.count("os.kill") == 1
     for suffix in (".csv", ".json"):
         (tmp_path / f"run{suffix}").write_text(f"recorded {suffix}")
     proc = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_SAVE, "bench", "--quick", "--force", "--out", str(tmp_path / "run")],
+        [sys.executable, "-c", script, "bench", "--quick", "--force", "--out", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -312,6 +325,9 @@ def test_sigterm_or_sighup_during_the_save_waits_for_it_to_end(tmp_path: Path, s
         capture_output=True,
         text=True,
         timeout=120,
+        # The signal's default action in the child, whatever this process inherited: under nohup SIGHUP is
+        # ignored, and an ignored signal after the save would end nothing.
+        preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL),
     )
     assert (proc.returncode, proc.stderr) == (-signum, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv", "run.json"]  # no hidden leftovers

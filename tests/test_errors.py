@@ -88,6 +88,15 @@ SPECULATIVE_CONFIG_CASES = {
     "no draft token": (dict(num_speculative_tokens=0), "nothing to draft; use a plain ModelRunner"),
     "negative": (dict(num_speculative_tokens=-1), "an integer of at least 0"),
     "not an int": (dict(num_speculative_tokens="2"), "an integer of at least 0"),
+    "draft layers the drafter cannot build": (
+        dict(num_speculative_tokens=2, draft_layers=(("mine.0", "attn"),)),
+        "draft_layers must be the drafter's (name, kind) pairs as draft_layer_pairs('attn') gives them",
+    ),
+    "draft layer of an unknown kind": (
+        dict(num_speculative_tokens=2, draft_layers=(("draft.layers.0.sconv", "sconv"), ("draft.layers.1.x", "x"))),
+        "kinds from attn, sconv, compressor, linear_attn",
+    ),
+    "draft layers not pairs": (dict(num_speculative_tokens=2, draft_layers=5), "got 5"),
 }
 
 
@@ -103,11 +112,13 @@ RUNNER_CASES = {
     "device of the wrong type": (dict(device=3.5), "use 'cpu' or 'cuda'"),
     "capture size above the token budget": (
         dict(compilation_config=CompilationConfig("full", (256,))),
-        "raise max_num_batched_tokens",
+        "capture size 256: is above the 128 tokens a step may hold (max_num_batched_tokens); the largest capture "
+        "size that fits is 128",
     ),
     "capture batch longer than a request": (
         dict(config=ToyConfig(max_num_reqs=1), compilation_config=CompilationConfig("full", (64,))),
-        "raise max_model_len",
+        "capture size 64: puts 64 tokens in one request of its capture batch (of at most 1), above the 48 a request "
+        "may hold (max_model_len); the largest capture size that fits is 48",
     ),
     "splitting op not in the model": (
         dict(compilation_config=CompilationConfig("piecewise", splitting_ops=["cglab::linear_attention"])),
@@ -115,6 +126,11 @@ RUNNER_CASES = {
     ),
     "builder without build()": (dict(builders={"sconv": object()}), "builders['sconv']"),
     "builder for an unknown kind": (dict(builders={"conv": None}), "valid kinds"),
+    "progress not a function": (
+        dict(compilation_config=CompilationConfig("full", (1, 2)), progress="x"),
+        "progress must be a function called with each descriptor captured, got 'x'",
+    ),
+    "more blocks than memory": (dict(config=ToyConfig(num_blocks=10**15)), "the largest num_blocks that fits is"),
 }
 
 
@@ -132,7 +148,8 @@ def test_an_eager_runner_never_checks_the_capture_sizes() -> None:
     eager.add_request("a")
     assert eager.step({"a": [1, 2, 3]}).descriptor.cg_mode is CUDAGraphMode.NONE
     assert _message(lambda: ModelRunner(small, "full")) == (
-        "capture size 8 exceeds max_num_batched_tokens (4); raise max_num_batched_tokens or drop that size"
+        "capture size 8: is above the 4 tokens a step may hold (max_num_batched_tokens); the largest capture size "
+        "that fits is 4"
     )
 
 

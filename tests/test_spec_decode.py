@@ -7,6 +7,8 @@ its fusion short conv, then one attention layer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -356,3 +358,12 @@ def test_tokens_per_step_plot_refuses_runs_it_cannot_compare():
         )
     with pytest.raises(ConfigError, match="different numbers of speculative tokens"):
         plot_tokens_per_step({"k2": _spec_result([1.0], 0.1), "k3": _spec_result([1.0], 0.1, k=3)})
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_k_speculative_tokens_fit_a_request_of_k_plus_two_tokens_and_no_shorter(k: int) -> None:
+    """A request holds one prompt token, then K + 1 verified tokens: max_model_len K + 2 fits, K + 1 does not."""
+    config = ToyConfig(layers="attn", block_size=1, compress_ratio=1, max_model_len=k + 2)
+    SpecDecodeRunner(config, "none", SpeculativeConfig(k))
+    with pytest.raises(ConfigError, match=f"num_speculative_tokens {k} does not fit"):
+        SpecDecodeRunner(dataclasses.replace(config, max_model_len=k + 1), "none", SpeculativeConfig(k))

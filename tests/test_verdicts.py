@@ -19,7 +19,8 @@ import torch
 from cglab import CompilationConfig, CUDAGraphMode, ModelRunner, ReproResult, SpeculativeConfig, ToyConfig
 from cglab.cli import main
 from cglab.compare import NON_FINITE, dumps, exceeds, worst
-from cglab.repro import compare_final_state, divergence_verdict, tolerance
+from cglab.errors import CapacityError, ConfigError
+from cglab.repro import compare_final_state, divergence_verdict, judged_run, tolerance
 from cglab.runner import PreparedStep
 from cglab.spec_decode import SpecDecodeRunner, acceptance_rate, run_spec_repro
 
@@ -372,3 +373,29 @@ def test_the_notebooks_verdicts_call_nan_a_divergence(monkeypatch: pytest.Monkey
         "|",
         "DIVERGED",
     ]
+
+
+class _Runner:
+    """A runner whose one cache holds ``value`` (the reference's holds 0), and that counts its closes."""
+
+    def __init__(self, value: float) -> None:
+        self.cache, self.closed = torch.full((2,), value), 0
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"layers.0.attn.kv_cache": self.cache}
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("error", [ConfigError("a step too long"), CapacityError("the caches are full")])
+def test_a_run_that_fails_mid_way_is_its_error_and_still_compared(error: Exception) -> None:
+    """Any cglab error among the steps (not only a capture error) is the run's error, not a crash; the
+    steps before it and the caches are still compared, and the runner closed."""
+    result, runner = _result(max_abs_diff=None, state_diverged=None), _Runner(1.0)
+    with judged_run(result, runner, _Runner(0.0)):
+        result.step_diffs.append(0.5)
+        raise error
+    assert result.error == f"{type(error).__name__}: {error}" and runner.closed == 1
+    assert (result.max_abs_diff, result.state_diverged) == (0.5, True)
+    assert result.state_diffs == {"layers.0.attn.kv_cache": 1.0}

@@ -10,12 +10,18 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cglab._interrupt import termination_deferred
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 from cglab.bench.modes import MODE_NAMES
 from cglab.compare import dumps
 from cglab.errors import ConfigError, NotSavedError
@@ -82,8 +88,14 @@ def result_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
 
 
 def check_output(path: str | os.PathLike[str], force: bool = False) -> tuple[Path, Path]:
-    """The pair's paths; a ConfigError if one exists and ``force`` is off."""
+    """The pair's paths; a ConfigError if their folder cannot be written, or one exists and ``force`` is off."""
     paths = result_paths(path)
+    try:  # the folder made, and a file written in it, before minutes of measuring
+        paths[0].parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=paths[0].parent).close()
+    except OSError as exc:
+        why = "a file, not a folder" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        raise ConfigError(f"cannot write in {paths[0].parent} ({why}); choose another --out path") from None
     existing = [p for p in paths if p.exists()]
     if existing and not force:
         raise ConfigError(
@@ -105,36 +117,45 @@ def save_pair(
 ) -> tuple[Path, Path]:
     """Write ``result.rows`` as ``PATH.csv`` and the format, environment and config as ``PATH.json``, whole
     or not at all: each goes to a temporary file beside its target and is renamed over it once both are
-    written; if the second rename fails (or Ctrl-C), the first target gets its old bytes back. SIGTERM and
-    SIGHUP wait."""
+    written; if the second rename fails, the first target gets its old bytes back. Saves into one folder
+    take turns (a lock); SIGTERM and SIGHUP wait for the save, Ctrl-C for the renames."""
     sidecar = {"format": form, "environment": result.environment, "config": result.config, "columns": columns}
-    rows = result.rows
-    targets = check_output(path, force)
-    targets[0].parent.mkdir(parents=True, exist_ok=True)
-    old = {t: t.read_bytes() for t in targets if t.is_file()}
-    temps = [t.with_name(f".{t.name}.{os.getpid()}.tmp") for t in targets]
-    placed: list[Path] = []
-    try:
-        with open(temps[0], "x", encoding="utf-8", newline="") as f:  # "x": never into an existing file
-            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-            writer.writeheader()
-            writer.writerows({c: _format(row.get(c, math.nan)) for c in columns} for row in rows)
-        with open(temps[1], "x", encoding="utf-8") as f:
-            f.write(dumps(sidecar, indent=2) + "\n")
-        for temp, target in zip(temps, targets):
-            os.replace(temp, target)
-            placed.append(target)
-    except BaseException:
-        for target in placed:
-            if target in old:
-                target.write_bytes(old[target])
-            else:
-                target.unlink()
-        raise
-    finally:
-        for temp in temps:
-            temp.unlink(missing_ok=True)
+    with _locked(check_output(path, force)[0].parent):
+        targets = check_output(path, force)  # again: another save may have written the pair meanwhile
+        old = {t: t.read_bytes() for t in targets if t.is_file()}
+        temps = [t.with_name(f".{t.name}.{os.getpid()}.tmp") for t in targets]
+        placed: list[Path] = []
+        try:
+            with open(temps[0], "x", encoding="utf-8", newline="") as f:  # "x": never into an existing file
+                writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+                writer.writeheader()
+                writer.writerows({c: _format(row.get(c, math.nan)) for c in columns} for row in result.rows)
+            with open(temps[1], "x", encoding="utf-8") as f:
+                f.write(dumps(sidecar, indent=2) + "\n")
+            with termination_deferred(("SIGINT",)):  # an interrupt between the renames would leave a mix
+                for temp, target in zip(temps, targets):
+                    os.replace(temp, target)
+                    placed.append(target)
+        except BaseException:
+            with termination_deferred(("SIGINT",)):
+                for target in placed:  # its old bytes back, or gone if it was new
+                    target.write_bytes(old[target]) if target in old else target.unlink()
+            raise
+        finally:
+            for temp in temps:
+                temp.unlink(missing_ok=True)
     return targets
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder``, held until the block ends (none where there is no fcntl: Windows)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX) if fcntl else None
+        yield
+    finally:
+        os.close(fd)
 
 
 def save_or_keep(
@@ -200,6 +221,9 @@ def read_pair(
         sidecar = json.loads(json_path.read_text(encoding="utf-8"))
         if not isinstance(sidecar, dict) or sidecar.get("format") not in formats:
             raise ValueError(f"{json_path.name} is not a {formats[-1]} sidecar")
+        missing = [key for key in ("environment", "config") if not isinstance(sidecar.get(key), dict)]
+        if missing:
+            raise ValueError(f"{json_path.name} has no {' or '.join(missing)} object")
         if not rows:
             raise ValueError("the CSV has no rows, only a header")
         return rows, sidecar

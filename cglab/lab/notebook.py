@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from cglab import cli
 from cglab.compilation import caching
 from cglab.compilation_config import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
@@ -20,6 +21,7 @@ def setup_notebook(device: str | None = None) -> str:
     # Tiny tensors: more threads only compete, and one thread keeps the sums in one order.
     torch.set_num_threads(1)
     caching.install()  # the notebooks build dozens of identical engines: they share one dynamo trace
+    cli.LOG_EVERY_S = None  # a command run in a cell prints its result only: saved outputs stay the same
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if chosen == "cuda":
         # The eager compile backend, unless $CGLAB_COMPILE_BACKEND names one: a cold inductor compile costs seconds.

@@ -6,7 +6,7 @@ the tokens stay exactly the target's; ``run_spec_repro`` measures what a broken 
 acceptance, silently.
 """
 
-from cglab.spec_decode.draft_model import draft_layer_pairs
+from cglab.compilation_config import draft_layer_pairs
 from cglab.spec_decode.rejection_sampler import greedy_verify
 from cglab.spec_decode.repro import acceptance_rate, run_spec_repro, summarize_spec
 from cglab.spec_decode.runner import DEFAULT_DRAFT_LAYERS, SpecDecodeRunner, greedy_decode

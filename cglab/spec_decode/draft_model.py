@@ -22,19 +22,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from cglab.config import ToyConfig, parse_layer_pattern
+from cglab.compilation_config import FUSION_LAYER
+from cglab.config import ToyConfig
 from cglab.layers import short_conv
 from cglab.model import DecoderLayer, ToyTransformer
-
-DRAFT_PREFIX = "draft."  # draft layer names, "draft.layers.0.sconv": they share metadata dicts with the target's
-FUSION_LAYER = f"{DRAFT_PREFIX}layers.0.sconv"
-
-
-def draft_layer_pairs(layers: str | tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
-    """``[("draft.layers.0.sconv", "sconv"), ("draft.layers.1.attn", "attn"), ...]``: the fusion conv,
-    then the decoder layers of the pattern ``layers``."""
-    kinds = parse_layer_pattern(layers)
-    return [(FUSION_LAYER, "sconv"), *((f"{DRAFT_PREFIX}layers.{i}.{kind}", kind) for i, kind in enumerate(kinds, 1))]
 
 
 class InputFusion(nn.Module):

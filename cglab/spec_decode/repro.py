@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from cglab.compilation_config import CompilationConfig, SpeculativeConfig
+from cglab.capacity import check_run_fits
+from cglab.compilation_config import DRAFT_PREFIX, CompilationConfig, SpeculativeConfig
 from cglab.config import ToyConfig
 from cglab.errors import CaptureError
 from cglab.repro import (
@@ -25,7 +26,6 @@ from cglab.repro import (
     new_result,
     repro_config,
 )
-from cglab.spec_decode.draft_model import DRAFT_PREFIX
 from cglab.spec_decode.runner import SpecDecodeRunner, SpecStepOutput
 
 
@@ -45,9 +45,9 @@ def run_spec_repro(
     same caches), then run ``steps`` speculative steps of the first ``batch_sizes[i % len]`` requests.
     ``speculative_config``, ``frozen_step_index``: as ``SpecDecodeRunner``'s; the rest as ``run_repro``."""
     cc, k = CompilationConfig.of(compilation_config), speculative_config.num_speculative_tokens
-    config = repro_config(
-        config or ToyConfig(), cc, batch_sizes, steps, num_speculative_tokens=k, max_num_reqs=max_num_reqs
-    )
+    sized = partial(repro_config, config or ToyConfig(), num_speculative_tokens=k)
+    check_run_fits(sized, cc, batch_sizes, steps, max_num_reqs, device, speculative_config)
+    config = sized(cc, batch_sizes, steps, max_num_reqs=max_num_reqs)
     result = new_result(cc, config, steps, num_speculative_tokens=k)
     eager = partial(SpecDecodeRunner, config, "none", speculative_config, device=device)
     # The graph runner first: it checks the device before it builds anything.

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from cglab.batch import BatchExecutionDescriptor
-from cglab.compilation_config import CompilationConfig, SpeculativeConfig
+from cglab.compilation_config import CompilationConfig, SpeculativeConfig, draft_layer_pairs
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.errors import ConfigError
 from cglab.layer_registry import get_layer_kind
 from cglab.runner import ModelRunner, parse_token_ids
-from cglab.spec_decode.draft_model import draft_layer_pairs
 from cglab.spec_decode.rejection_sampler import greedy_verify
 from cglab.spec_decode.speculator import AutoRegressiveSpeculator
 
