@@ -1,12 +1,7 @@
 """cglab: how LLM inference engines capture CUDA graphs, and the missing-metadata bug, in a toy engine.
 
-Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end). To read
-the engine, go in README's order ("Read the engine"): config, layer_registry, compilation_config, forward_context,
-buffers, batch, metadata, layers, model, compilation, cudagraph_utils, runner.
-
-The names below import on first use (PEP 562): ``python -m cglab`` imports this package before it parses
-its arguments, and refuses a typo there before the seconds it takes to import torch.
-"""
+Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end), then read the engine
+in README's order ("Read the engine"). The names below import on first use."""
 
 from __future__ import annotations
 

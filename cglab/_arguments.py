@@ -1,5 +1,4 @@
-"""The argparse pieces every ``python -m cglab`` command shares: the parser that refuses in one line, the
-help with examples, the list types, and printing a result already saved. Torch-free, as ``cglab.cli``."""
+"""The torch-free argparse pieces every ``python -m cglab`` command shares."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ PROG = "python -m cglab"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """argparse's "(default: ...)" after each help, except where the default is None (the help says how it
-    is worked out), and the examples kept as written."""
+    """Each help ends in "(default: ...)" unless the default is None (the help says it); examples as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return action.help if action.default is None else super()._get_help_string(action)
@@ -89,16 +87,14 @@ def name_list(valid: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def print_saved(text: str) -> None:
-    """Print a report of results already saved: a reader of stdout that went away (``| head``) is no error,
-    a stdout that fails otherwise (a full disk) one that says the files are saved."""
+    """Print a report of saved results: a reader that went away (``| head``) is no error, a full disk says so."""
     try:
         print(text, flush=True)
     except OSError as exc:
         stdout_to_devnull()
         if not isinstance(exc, BrokenPipeError):
-            raise NotSavedError(
-                f"the files are saved, but stdout failed ({exc.strerror or exc}); read them", None
-            ) from None
+            why = exc.strerror or exc
+            raise NotSavedError(f"the files are saved, but stdout failed ({why}); read them", None) from None
 
 
 def stdout_to_devnull() -> None:

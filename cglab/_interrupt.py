@@ -1,6 +1,5 @@
-"""A Ctrl-C while ``python -m cglab`` imports torch would print a traceback or break the import: until ``cli.main``
-takes over, it ends the process at once, with one line. Only under ``-m`` (``sys.argv[0] == "-m"`` while importing)
-and over Python's own handler. And ``termination_deferred``: SIGTERM and SIGHUP wait for a save to end."""
+"""Under ``python -m cglab``, a Ctrl-C before ``cli.main`` takes over (while torch imports) ends the process with
+one line, not a traceback or a broken import. And ``termination_deferred``: SIGTERM and SIGHUP wait for a save."""
 
 from __future__ import annotations
 
@@ -19,17 +18,10 @@ def end_at_once(signum: int, frame: FrameType | None) -> None:
     os._exit(130)
 
 
-def keyboard_interrupt_from_here() -> None:
-    """Give Ctrl-C back to Python's KeyboardInterrupt, for ``main`` to handle (if ``end_at_once`` has it)."""
-    if signal.getsignal(signal.SIGINT) is end_at_once:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 @contextmanager
 def termination_deferred(names: tuple[str, ...] = ("SIGTERM", "SIGHUP")) -> Iterator[None]:
-    """The signals ``names`` wait until the block ends, then act as they would have: a save in progress ends
-    whole. Ctrl-C (SIGINT) is deferred only where named: elsewhere its KeyboardInterrupt undoes the save.
-    Main thread only (elsewhere: no-op)."""
+    """The signals ``names`` (main thread only) act when the block ends: a save ends whole. Ctrl-C, unless
+    named, is not deferred: its KeyboardInterrupt undoes the save."""
     main = threading.current_thread() is threading.main_thread()
     signums = [getattr(signal, name) for name in names if main and hasattr(signal, name)]
     caught: list[int] = []

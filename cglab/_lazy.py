@@ -1,5 +1,4 @@
-"""Names a package imports on first use (PEP 562), so that importing it costs nothing until then:
-``python -m cglab`` must refuse a typo before the seconds it takes to import torch."""
+"""Names a package imports on first use (PEP 562): ``python -m cglab`` refuses a typo before importing torch."""
 
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ def lazy_exports(
     module_of = {name: module for module, held in exports.items() for name in held}
 
     def __getattr__(name: str) -> Any:
-        module = module_of.get(name)
-        if module is None:
+        if name not in module_of:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = namespace[name] = getattr(importlib.import_module(module), name)
+        namespace[name] = value = getattr(importlib.import_module(module_of[name]), name)
         return value
 
     def __dir__() -> list[str]:

@@ -1,6 +1,5 @@
-"""``python -m cglab``: the headless commands (``repro``, ``bench``, ``startup``, ``matrix``). Arguments are checked
-before torch is imported (seconds), so a typo is refused at once: this module and its imports stay free of
-torch; the commands import the engine when they run."""
+"""``python -m cglab``: the headless commands. Arguments are checked before the seconds of importing torch, so
+this module and its imports stay torch-free: a typo is refused at once, the commands import the engine."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import signal
 import sys
 import threading
 import time
@@ -50,41 +50,40 @@ def _add_repro(sub: argparse._SubParsersAction) -> None:
         "if it diverged or failed; 2 for bad arguments.",
         *REPRO_EXAMPLES,
     )
-    modes, switch = [m.value for m in CUDAGraphMode], functools.partial(p.add_argument, action="store_true")
-    p.add_argument("--mode", type=str.lower, choices=modes, default="piecewise", help="a runtime mode or a policy")
-    p.add_argument(
+    arg, switch = p.add_argument, functools.partial(p.add_argument, action="store_true")
+    modes = [m.value for m in CUDAGraphMode]
+    arg("--mode", type=str.lower, choices=modes, default="piecewise", help="a runtime mode or a policy")
+    arg(
         "--piecewise-flavor",
         choices=PIECEWISE_FLAVORS,
         help="compiled (default): torch.compile split at --splitting-ops, as vLLM; breakable: one capture cut",
     )
-    p.add_argument("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: attention); from {OPS}")
+    arg("--splitting-ops", help=f"ops compiled PIECEWISE splits at (default: attention); from {OPS}")
     switch("--legacy-skip-attn", help="capture as before vLLM PR #49364 (the bug)")
-    p.add_argument(
-        "--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(layer_kinds())}"
-    )
+    arg("--layers", default="sconv,attn,compressor,attn", help=f"layer kinds from {', '.join(layer_kinds())}")
     switch("--strict-layers", help="stateful layers without the None guard")
     switch("--python-guards", help="the None guard in plain Python (Inkling, DeepSeek V4): traced once by dynamo")
     switch("--pre-49751-dummy-split", help="the capture split before vLLM PR #49751 (its crash got #49364 reverted)")
-    p.add_argument(
+    arg(
         "--capture-sizes",
         type=int_list,
         help="tokens per graph (default 1,2,4,8; with K drafts, the toy's default is K+1 times those); as in "
         "model runner v2 (vLLM PR #45953), PIECEWISE keeps the sizes, FULL decode graphs round up to K+1",
     )
-    p.add_argument("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
-    p.add_argument("--max-num-reqs", type=counts(1), metavar="N", help="request limit (default: the largest batch)")
-    p.add_argument("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")
-    p.add_argument("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
-    p.add_argument(
+    arg("--batch-sizes", type=int_list, default="3,1,8", help="decode batch sizes, cycled")
+    arg("--max-num-reqs", type=counts(1), metavar="N", help="request limit (default: the largest batch)")
+    arg("--steps", type=counts(1), default=16, help="steps after the eager prefill (or all, when chunked)")
+    arg("--prefill-chunk", type=counts(0), default=0, help="N: prompts enter N tokens a step, with decodes")
+    arg(
         "--uniform-decode-rule",
         choices=UNIFORM_DECODE_RULES,
         help="which batches take decode graphs: current (default), vLLM today; 51865, PR #51865's; shape, before",
     )
-    p.add_argument("--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="drafts a step (greedy)")
-    p.add_argument("--draft-layers", type=name_list(layer_kinds()), help="the drafter's layers (default: attn)")
+    arg("--num-speculative-tokens", type=counts(0), default=0, metavar="K", help="drafts a step (greedy)")
+    arg("--draft-layers", type=name_list(layer_kinds()), help="the drafter's layers (default: attn)")
     switch("--frozen-step-index", help="the draft step index as a Python int, frozen at capture (vLLM #48892)")
-    p.add_argument("--seed", type=int, default=0, help="weights and prompts")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
+    arg("--seed", type=int, default=0, help="weights and prompts")
+    arg("--device", choices=DEVICES, default="cpu", help="cuda: real CUDA graphs; cpu: the simulator")
     switch("--json", help="print one JSON object")
     switch("--check", help="exit 1 if it diverged, lost acceptance or failed")
     p.set_defaults(func=_run_repro, validate=_check_repro)
@@ -125,8 +124,7 @@ LOG_EVERY_S: float | None = 5.0  # without a terminal: a line this often (None: 
 
 @contextmanager
 def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
-    """In a terminal, a bar of the steps on stderr once a run lasts ``BAR_DELAY_S``; in a log or a pipe, a line
-    every ``LOG_EVERY_S`` (from a thread: start-up calls nothing back) with the steps done and the time left."""
+    """A bar on a terminal's stderr; in a log, a line every ``LOG_EVERY_S`` from a thread (start-up calls nothing)."""
     if sys.stderr.isatty():
         from tqdm.auto import tqdm
 
@@ -149,17 +147,28 @@ def _steps_bar(steps: int) -> Iterator[Callable[[], object] | None]:
 
 
 # Switches that change only how graphs are captured or replayed; --mode none captures none.
-_GRAPH_SWITCHES = (
-    "legacy_skip_attn piecewise_flavor splitting_ops capture_sizes strict_layers python_guards pre_49751_dummy_split "
-    "uniform_decode_rule frozen_step_index"
-).split()
+_GRAPH_SWITCHES = "legacy_skip_attn piecewise_flavor splitting_ops capture_sizes strict_layers python_guards".split()
+_GRAPH_SWITCHES += ["pre_49751_dummy_split", "uniform_decode_rule", "frozen_step_index"]
 
 
 def _check_repro(args: argparse.Namespace) -> None:
-    """Before torch: warn once about each switch that changes nothing in the chosen mode (the run goes on),
-    refuse contradictions, and build the configs, which check the rest."""
-    _warn_idle_switches(args)
-    k = args.num_speculative_tokens
+    """Before torch: warn once about each switch that changes nothing here (the run goes on), refuse
+    contradictions, and build the configs, which check the rest."""
+    k, named, eager = args.num_speculative_tokens, set(), args.mode == "none"
+    for names, idle, why in (
+        (("draft_layers", "frozen_step_index"), k == 0, "without --num-speculative-tokens K: there is no drafter"),
+        (_GRAPH_SWITCHES, eager, "under --mode none: it captures no graph (the run compares eager with eager)"),
+        (
+            ("splitting_ops", "python_guards"),
+            args.piecewise_flavor == "breakable",
+            "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention",
+        ),
+        (("frozen_step_index",), k == 1, "with one speculative token: no draft decode step"),
+    ):
+        flags = [f"--{n.replace('_', '-')}" for n in names if idle and getattr(args, n) not in (None, False)]
+        named.update(flags := [f for f in flags if f not in named])
+        if flags:
+            _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
     if k and args.prefill_chunk:
         raise ConfigError(
             "--prefill-chunk does not combine with --num-speculative-tokens: speculative steps here "
@@ -192,49 +201,19 @@ def _warn(text: str) -> None:
     print(f"{PROG} repro: warning: {text}", file=sys.stderr, flush=True)
 
 
-def _warn_idle_switches(args: argparse.Namespace) -> None:
-    """One warning line per reason, naming the switches given that change nothing here (each switch once)."""
-    k, named, eager = args.num_speculative_tokens, set(), args.mode == "none"
-    for names, idle, why in (
-        (("draft_layers", "frozen_step_index"), k == 0, "without --num-speculative-tokens K: there is no drafter"),
-        (_GRAPH_SWITCHES, eager, "under --mode none: it captures no graph (the run compares eager with eager)"),
-        (
-            ("splitting_ops", "python_guards"),
-            args.piecewise_flavor == "breakable",
-            "with --piecewise-flavor breakable: nothing is compiled, the graphs break at attention",
-        ),
-        (("frozen_step_index",), k == 1, "with one speculative token: no draft decode step"),
-    ):
-        flags = [f"--{n.replace('_', '-')}" for n in names if idle and getattr(args, n) not in (None, False)]
-        flags = [f for f in flags if f not in named]
-        named.update(flags)
-        if flags:
-            _warn(f"{' and '.join(flags)} change{'s' * (len(flags) == 1)} nothing {why}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog=PROG,
-        **help_text(
-            "cglab: CUDA graph capture, the toy engine. A command's --help shows options, defaults and examples.",
-            [
-                REPRO_EXAMPLES[0],
-                (f"{PROG} bench --quick --out bench-quick", "replay latency per mode and batch size, seconds on a CPU"),
-                (f"{PROG} repro --help", "every repro option"),
-            ],
-        ),
-    )
+    about = "cglab: CUDA graph capture, the toy engine. A command's --help shows options, defaults and examples."
+    bench = (f"{PROG} bench --quick --out bench-quick", "replay latency per mode and batch size, seconds on a CPU")
+    examples = [REPRO_EXAMPLES[0], bench, (f"{PROG} repro --help", "every repro option")]
+    parser = Parser(prog=PROG, **help_text(about, examples))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    _add_repro(sub)
-    add_bench(sub)
-    add_startup(sub)
-    add_matrix(sub)
+    for add in (_add_repro, add_bench, add_startup, add_matrix):
+        add(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command: its exit status, or one line on stderr and 2 (bad values), 1 (the file system
-    failed; a finished result is kept, see ``_save``) or 130 (Ctrl-C), never a traceback."""
+    """One command's exit status, or one line on stderr and 2 (bad values), 1 (files, stdout) or 130 (Ctrl-C)."""
     prog, status = PROG, 2
     if sys.stderr is None:  # closed (`2>&-`, as under cron): print() would write to stdout instead
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (for the life of the process)
@@ -248,8 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.device == "cpu":
             torch.set_num_threads(1)  # the toy's tensors are tiny: more threads only compete for the cores
-        # Until here a Ctrl-C ends the process at once (an interrupted torch import can fail oddly).
-        _interrupt.keyboard_interrupt_from_here()
+        # Until here a Ctrl-C ends the process at once (an interrupted torch import can fail oddly); from here
+        # it is Python's KeyboardInterrupt again, for the clause below.
+        if signal.getsignal(signal.SIGINT) is _interrupt.end_at_once:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         status = args.func(args)
         sys.stdout.flush()  # a stdout closed early fails here, where the clause below tells it from a disk
         return status

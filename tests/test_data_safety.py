@@ -344,7 +344,6 @@ cli = types.ModuleType("cglab.cli")
 cli.main = lambda: print("wrote run.csv and run.json") or 0
 sys.modules["cglab"] = types.ModuleType("cglab")
 sys.modules["cglab.cli"] = cli
-sys.modules["cglab._interrupt"] = types.SimpleNamespace(keyboard_interrupt_from_here=lambda: None)
 atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))
 runpy.run_path(sys.argv[1], run_name="__main__")
 """

@@ -1,8 +1,5 @@
-"""Off the lesson's path, for speed: equal models share one dynamo trace (``install()``; the tests'
-conftest and ``setup_notebook`` call it, since they build dozens of identical engines per process).
-Each model still runs its own backend on the shared graph (its own pieces, wrappers and graphs). vLLM's
-compile cache (``vllm/compilation/caching.py``) instead saves a compiled forward to disk, keyed by a hash.
-"""
+"""Off the lesson's path, for speed: after ``install()`` equal models share one dynamo trace, each running its own
+backend on it. vLLM's compile cache (``vllm/compilation/caching.py``) saves a compiled forward to disk instead."""
 
 from __future__ import annotations
 
@@ -77,8 +74,7 @@ def _forward_code(module: nn.Module) -> tuple[Any, ...]:
 
 
 def trace_fingerprint(model: nn.Module, inputs: Sequence[torch.Tensor]) -> Hashable | None:
-    """What dynamo's trace depends on (None: cannot tell): each module's type, code and plain attributes,
-    each tensor's layout, and what forward reads from the forward context (``python_guards`` decide there)."""
+    """What dynamo's trace depends on (None: cannot tell), the forward context (``python_guards``) included."""
     modules = []
     for name, module in model.named_modules():
         if module._forward_hooks or module._forward_pre_hooks:
