@@ -7,7 +7,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, fields
-from pathlib import Path
 from typing import Any
 
 from cglab._arguments import PROG, add_command, int_list, name_list, print_saved
@@ -19,11 +18,14 @@ from cglab.errors import NotSavedError
 from cglab.kernels import KERNEL_SETS
 
 
-def _model_defaults(name: str) -> str:
-    """``"default 1024 (--quick: 32)"``: an option's default in ``BenchConfig`` and its quick preset."""
+def _model_option(p: argparse.ArgumentParser, flag: str, what: str = "", **kwargs: Any) -> None:
+    """``flag``, its help ``what`` and its default in ``BenchConfig`` and its quick preset: ``default 1024
+    (--quick: 32)``."""
+    name = flag[2:].replace("-", "_")
     full, quick = (getattr(config, name) for config in (BenchConfig, BenchConfig.quick_preset()))
     full, quick = (",".join(map(str, v)) if isinstance(v, tuple) else v for v in (full, quick))
-    return f"default {full}" if full == quick else f"default {full} (--quick: {quick})"
+    default = f"default {full}" if full == quick else f"default {full} (--quick: {quick})"
+    p.add_argument(flag, help=what + default, **kwargs)
 
 
 def _add_common_options(p: argparse.ArgumentParser, quick: str) -> None:
@@ -33,14 +35,12 @@ def _add_common_options(p: argparse.ArgumentParser, quick: str) -> None:
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
     p.add_argument("--force", action="store_true", help="overwrite OUT.csv / OUT.json if they exist")
-    p.add_argument("--layers", help=f"layer pattern; {_model_defaults('layers')}")
-    p.add_argument("--hidden-size", type=int, help=_model_defaults("hidden_size"))
-    p.add_argument("--num-heads", type=int, help=_model_defaults("num_heads"))
-    p.add_argument("--dtype", choices=DTYPES, help=_model_defaults("dtype"))
-    p.add_argument(
-        "--max-model-len", type=int, help=f"FULL graphs attend over this many keys; {_model_defaults('max_model_len')}"
-    )
-    p.add_argument("--seed", type=int, help=_model_defaults("seed"))
+    _model_option(p, "--layers", "layer pattern; ")
+    _model_option(p, "--hidden-size", type=int)
+    _model_option(p, "--num-heads", type=int)
+    _model_option(p, "--dtype", choices=DTYPES)
+    _model_option(p, "--max-model-len", "FULL graphs attend over this many keys; ", type=int)
+    _model_option(p, "--seed", type=int)
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -74,14 +74,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         type=name_list(MODE_NAMES),
         help=f"row kinds from {', '.join(MODE_NAMES)}; default: all the device can run (the peer needs CUDA)",
     )
-    p.add_argument("--batch-sizes", type=int_list, help=_model_defaults("batch_sizes"))
-    p.add_argument("--repeats", type=int, help=f"timed steps per mode and batch size; {_model_defaults('repeats')}")
-    p.add_argument("--warmup", type=int, help=f"untimed steps first; {_model_defaults('warmup')}")
-    p.add_argument(
-        "--prompt-len",
-        type=int,
-        help=f"tokens each request holds before the timed step; {_model_defaults('prompt_len')}",
-    )
+    _model_option(p, "--batch-sizes", type=int_list)
+    _model_option(p, "--repeats", "timed steps per mode and batch size; ", type=int)
+    _model_option(p, "--warmup", "untimed steps first; ", type=int)
+    _model_option(p, "--prompt-len", "tokens each request holds before the timed step; ", type=int)
     p.set_defaults(func=_run_bench)
 
 
@@ -120,10 +116,18 @@ def _run_bench(args: argparse.Namespace) -> int:
     config = _config(args, BenchConfig)  # before torch is imported
     from cglab.bench import check_output, run_bench, save_results
     from cglab.bench.report import bench_table, breakdown_table
+    from cglab.repro import tolerance
 
     check_output(args.out, args.force)  # before minutes of measuring, not after
     result = run_bench(config, progress=sys.stderr.isatty())
-    _warn_if_off(result.environment.get("max_abs_diff_vs_eager", {}), config.dtype)
+    diffs = result.environment.get("max_abs_diff_vs_eager", {})  # beyond rounding, NaN included
+    off = [f"{mode} ({diff:.3g})" for mode, diff in diffs.items() if exceeds(diff, tolerance(config.dtype))]
+    if off:
+        print(
+            f"{PROG} bench: warning: the logits of {', '.join(off)} differ from eager's beyond rounding; those "
+            "rows time another computation",
+            file=sys.stderr,
+        )
     sim = "\n  CPU simulator of CUDA graphs: semantics only, not GPU speed" if result.backend == "sim" else ""
     return _finish(
         args,
@@ -137,19 +141,6 @@ def _run_bench(args: argparse.Namespace) -> int:
             ]
         ),
     )
-
-
-def _warn_if_off(diffs: dict[str, float], dtype: str) -> None:
-    """One line on stderr if a row's logits differ from eager's beyond rounding (NaN included)."""
-    from cglab.repro import tolerance
-
-    off = [f"{mode} ({diff:.3g})" for mode, diff in diffs.items() if exceeds(diff, tolerance(dtype))]
-    if off:
-        print(
-            f"{PROG} bench: warning: the logits of {', '.join(off)} differ from eager's beyond rounding; those "
-            "rows time another computation",
-            file=sys.stderr,
-        )
 
 
 def _run_startup(args: argparse.Namespace) -> int:
@@ -173,8 +164,17 @@ def _run_startup(args: argparse.Namespace) -> int:
 
 
 def _finish(args: argparse.Namespace, result: Any, save: Callable[..., Any], report: Callable[[], str]) -> int:
-    """Save first (nothing may fail before), then print ``report()``, or with ``--json`` the rows and where."""
-    csv_path, json_path = _save(save, result, args)
+    """Save first (nothing may fail before), then print ``report()``, or with ``--json`` the rows and where.
+    Saved at ``--out``, or elsewhere (``save_or_keep``), or at least printed: never lose the measurements."""
+    from cglab.bench.files import save_or_keep
+
+    try:
+        csv_path, json_path = save_or_keep(lambda path, force: save(result, path, force), args.out, args.force)
+    except NotSavedError as exc:
+        if exc.kept is not None:
+            raise
+        print(dumps(asdict(result)))
+        raise NotSavedError(f"{exc}; the measurements were printed on stdout as JSON", None) from None
     env = result.environment
     if args.json:
         summary = {"backend": env.get("backend"), "device_name": env.get("device_name"), "rows": result.rows}
@@ -182,19 +182,6 @@ def _finish(args: argparse.Namespace, result: Any, save: Callable[..., Any], rep
     else:
         print_saved(f"{report()}\nwrote {csv_path} and {json_path}")
     return 0
-
-
-def _save(save: Callable[..., tuple[Path, Path]], result: Any, args: argparse.Namespace) -> tuple[Path, Path]:
-    """Save at ``--out``, or elsewhere (``save_or_keep``), or at least print it: never lose the measurements."""
-    from cglab.bench.files import save_or_keep
-
-    try:
-        return save_or_keep(lambda path, force: save(result, path, force), args.out, args.force)
-    except NotSavedError as exc:
-        if exc.kept is not None:
-            raise
-        print(dumps(asdict(result)))
-        raise NotSavedError(f"{exc}; the measurements were printed on stdout as JSON", None) from None
 
 
 __all__ = ["add_bench", "add_startup"]

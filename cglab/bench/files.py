@@ -47,8 +47,7 @@ EXTRA_COLUMNS = (
     "repeats",
 )
 _TEXT = frozenset({"mode", "backend", "policy", "flavor", "path"})
-_WHOLE = frozenset({"batch_size", "kernels", "launches", "counted_launches", "graph_segments", "eager_breaks"})
-_WHOLE |= {"attn_key_range", "repeats", "graphs"}
+_WHOLE = frozenset({"batch_size", "launches", "graphs", *EXTRA_COLUMNS[1:]})  # the counts
 # /2 added the compiled rows, the peer and the roofline; /1 files (three modes) still read.
 FORMAT = "cglab-bench/2"
 
@@ -199,10 +198,7 @@ def load_results(path: str | os.PathLike[str]) -> BenchResult:
 
 
 def read_pair(
-    path: str | os.PathLike[str],
-    columns: tuple[str, ...],
-    formats: tuple[str, ...],
-    command: str,
+    path: str | os.PathLike[str], columns: tuple[str, ...], formats: tuple[str, ...], command: str
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows (numbers parsed) and the sidecar of the pair at ``path``. A missing file or column or
     another format is one ConfigError that says how to record it again with ``command``."""

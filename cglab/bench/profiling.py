@@ -50,10 +50,7 @@ class Window:
 
 
 def profile_steps(
-    prepare: Callable[[str, int], Callable[[], None]],
-    rows: list[dict[str, Any]],
-    profile_steps: int,
-    cuda: bool,
+    prepare: Callable[[str, int], Callable[[], None]], rows: list[dict[str, Any]], profile_steps: int, cuda: bool
 ) -> dict[tuple[str, int, int], Window]:
     """Fill each row's ``kernel_floor_us`` (on a GPU also ``launches`` and ``kernels``): the median over
     ``profile_steps`` profiled runs of the function ``prepare(mode, batch_size)`` returns, after one

@@ -197,8 +197,7 @@ def targets(result: BenchResult, small_batch: int = 16, baseline: BenchResult | 
 
 
 def _target(name: str, goal: str, measured: float | None, detail: str) -> Target | None:
-    """A target whose ``goal`` begins with its bound, ``"<= 0.6 ..."`` or ``">= 8 ..."``; None when
-    nothing was measured (nan)."""
+    """A target whose ``goal`` begins with its bound, ``"<= 0.6 ..."`` or ``">= 8 ..."``; None if not measured."""
     if measured is None or math.isnan(measured):
         return None
     sign, bound = goal.split()[:2]

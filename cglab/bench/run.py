@@ -228,12 +228,7 @@ def count_launches(runner: ModelRunner, prepared: PreparedStep) -> tuple[int, in
     segment replayed is one launch, each op run outside the segments (attention at the breaks) is one."""
     desc = prepared.descriptor
     triton_before = triton_launches()  # Triton kernels run outside graphs; those inside never call Python
-    if desc.cg_mode is CUDAGraphMode.NONE:
-        with OpCounter() as counter:
-            runner.execute(prepared)
-        eager_ops = counter.count + triton_launches() - triton_before
-        return eager_ops, eager_ops, 0, 0
-    graphs = runner.captured_graphs(desc)
+    graphs = [] if desc.cg_mode is CUDAGraphMode.NONE else runner.captured_graphs(desc)
     counter = OpCounter()
     segments = [step for graph in graphs for step in graph.steps if isinstance(step, GraphSegment)]
     with _uncounted(segments, counter), counter:

@@ -103,13 +103,8 @@ def measure_startup(config: StartupConfig) -> StartupResult:
 def _warm_process(toy: ToyConfig, device: torch.device) -> None:
     """Pay what only the first engine of a process pays (imports of the compiler stack, the device's
     context and libraries) on a tiny model, so that it lands in no row."""
-    tiny = ToyConfig(
-        layers=("sconv", "attn"),
-        hidden_size=toy.num_heads * 4,
-        num_heads=toy.num_heads,
-        dtype=toy.dtype,
-        max_num_reqs=2,
-    )
+    heads = toy.num_heads
+    tiny = ToyConfig(layers=("sconv", "attn"), hidden_size=heads * 4, num_heads=heads, dtype=toy.dtype, max_num_reqs=2)
     ModelRunner(tiny, bench_compilation("full_and_piecewise", (1, 2), device.type, False), device=device).close()
 
 
