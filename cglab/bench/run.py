@@ -7,6 +7,7 @@ compiles and PyTorch's CUDA graph trees record, one graph per shape: the engine 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -40,6 +41,11 @@ _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
 _REWARM = 3  # untimed steps before each later round
 
 
+# Without a terminal (a log, a pipe): a line every 5 s, not a bar redrawn in place (each line starts with
+# \n, so the spaces tqdm pads with end the previous line).
+LOG_BAR = dict(mininterval=5, bar_format="\n{desc}: {n}/{total} done, {elapsed} gone, {remaining} left {postfix}")
+
+
 def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     """Measure every (mode, batch size): time the steps, count launches, then profile kernels.
 
@@ -62,11 +68,14 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     samples: dict[tuple[str, int], Samples] = {key: Samples() for key in keys}
     runners: dict[str, ModelRunner] = {}
     threads = torch.get_num_threads()
+    style = {} if sys.stderr.isatty() else LOG_BAR
     with (
         use_kernels(config.kernels),
         fused_mlps(config.fused_linear),
-        tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress) as bar,
+        tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress, **style) as bar,
     ):
+        if style:  # a new step or capture does not force a line out
+            bar.set_postfix_str = partial(bar.set_postfix_str, refresh=False)
         try:
             # One intra-op thread on the CPU, as torch.utils.benchmark.Timer: on a shared machine a
             # parallel op otherwise waits for a descheduled sibling thread.
