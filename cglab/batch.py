@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -63,11 +64,8 @@ class InputBatch:
     ) -> InputBatch:
         """Write a real batch into ``input_buffers`` in place (``input_ids=None``: keep the ids) and describe it."""
         num_tokens = sum(query_lens)
-        query_start_loc = [0]
-        positions: list[int] = []
-        for q, s in zip(query_lens, seq_lens):
-            query_start_loc.append(query_start_loc[-1] + q)
-            positions.extend(range(s - q, s))
+        positions = [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
+        query_start_loc = [0, *accumulate(query_lens)]
         input_buffers.write(
             input_ids, positions, query_start_loc, seq_lens, num_tokens_after_padding, num_reqs_after_padding
         )
@@ -79,10 +77,8 @@ class InputBatch:
     def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers) -> InputBatch:
         """A capture batch: query lengths from ``dummy_query_lens``, ``seq_lens`` equal to them, ids and positions 0."""
         query_lens = dummy_query_lens(num_reqs, num_tokens, input_buffers.pre_49751_dummy_split)
-        query_start_loc = [0]
-        for q in query_lens:
-            query_start_loc.append(query_start_loc[-1] + q)
-        input_buffers.write([0] * num_tokens, [0] * num_tokens, query_start_loc, query_lens, num_tokens, num_reqs)
+        zeros = [0] * num_tokens
+        input_buffers.write(zeros, zeros, [0, *accumulate(query_lens)], query_lens, num_tokens, num_reqs)
         return cls._from_buffers(input_buffers, num_reqs, num_tokens, num_tokens, max(query_lens), max(query_lens))
 
     @classmethod

@@ -74,9 +74,8 @@ def check_fits(
             if max(v.values()) >= 2**63:
                 return "is beyond the 64-bit integer range"
             largest = v["capture size"]  # captured instead of the larger sizes
-            cut = dataclasses.replace(
-                cc, cudagraph_capture_sizes=(*(s for s in cc.cudagraph_capture_sizes if s < largest), largest)
-            )
+            sizes = [s for s in cc.cudagraph_capture_sizes if s < largest] + [largest]
+            cut = dataclasses.replace(cc, cudagraph_capture_sizes=sizes)
             config = sized(v, cut)
             need = engines * engine_bytes(config, cut, spec) + v.get("steps", 0) * (16 * config.max_num_reqs + 200)
             return fit_problem(config, cut, need, free, device)

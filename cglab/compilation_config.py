@@ -9,13 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cglab.config import (
-    CUDAGraphMode,
-    ToyConfig,
-    check_int,
-    parse_layer_pattern,
-    parse_names,
-)
+from cglab.config import CUDAGraphMode, ToyConfig, check_int, parse_layer_pattern, parse_names
 from cglab.cudagraph_support import AttentionCGSupport
 from cglab.errors import ConfigError
 from cglab.layer_registry import get_layer_kind, layer_kinds

@@ -58,13 +58,8 @@ class CUDAGraphMode(enum.Enum):
 def check_int(name: str, value: object, low: int = 1, high: int | None = None) -> int:
     """``value`` if it is an int (``True`` is not a size) from ``low`` to ``high``, else a ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        wanted = (
-            "a positive integer"
-            if low == 1 and high is None
-            else f"an integer of at least {low}"
-            if high is None
-            else f"an integer from {low} to {high}"
-        )
+        wanted = "a positive integer" if low == 1 and high is None else f"an integer of at least {low}"
+        wanted = wanted if high is None else f"an integer from {low} to {high}"
         raise ConfigError(f"{name} must be {wanted}, got {value!r}")
     return value
 

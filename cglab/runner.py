@@ -23,13 +23,7 @@ from cglab.compilation import CglabBackend, CompiledModel, CUDAGraphWrapper
 from cglab.compilation.wrapper import build_forward_model, piecewise_wrappers
 from cglab.compilation_config import CompilationConfig, SpeculativeConfig
 from cglab.config import DEVICES, CUDAGraphMode, ToyConfig, check_int
-from cglab.cudagraph_utils import (
-    CaptureForward,
-    CudaGraphManager,
-    create_capture_forward,
-    graph_reads,
-    tensor_source,
-)
+from cglab.cudagraph_utils import CaptureForward, CudaGraphManager, create_capture_forward, graph_reads, tensor_source
 from cglab.errors import RELEASED, CapacityError, CaptureError, ConfigError, MissingMetadataError
 from cglab.forward_context import set_forward_context
 from cglab.graphs import CapturedGraph, get_backend
