@@ -1,7 +1,9 @@
 """cglab: how LLM inference engines capture CUDA graphs, and the missing-metadata bug, in a toy engine.
 
-Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end), then read the engine
-in README's order ("Read the engine"). The names below import on first use."""
+Start with ``ModelRunner`` (one decode step end to end) or ``run_repro`` (the bug, end to end). To read the engine,
+go in README's order ("Read the engine"): config, layer_registry, compilation_config, forward_context, buffers,
+batch, metadata, layers, model, compilation, cudagraph_utils, runner.
+The names below import on first use."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cglab import cli
+from cglab.bench import run as bench_run
 from cglab.compilation import caching
 from cglab.config import ToyConfig
 
@@ -18,6 +19,7 @@ torch.set_num_threads(1)
 # The tests read stderr exactly: a run that a busy machine slows must not add progress lines to it
 # (test_capacity.py turns them on where it tests them).
 cli.LOG_EVERY_S = None
+bench_run.LOG_BAR["delay"] = float("inf")  # no progress lines in what the tests compare
 # Dozens of identical engines per session: they share one dynamo trace (a test-speed device).
 caching.install()
 

@@ -198,7 +198,7 @@ def test_check_prints_one_ok_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_generated_notes_link_the_heading_their_cut_is_under(scratch: Path) -> None:
     """A note's anchor is the heading at (or nearest to) the cut, so renaming that heading moves the link with
-    it; a cut at a code cell (zh 00) or a bold line (zh 04's end) links the nearest heading."""
+    it; a cut at a code cell (zh 00) or a bold line (zh 04's end, under Explore) links the nearest heading."""
     doc = next(d for d in DOCUMENTS if d.target.endswith("00_glossary.ipynb"))
     _edit_notebook_cell(scratch / doc.source, "d5b2fb27", "## Glossary", "## Glossary of terms")
     text, problems = translations.build(doc)
@@ -206,7 +206,7 @@ def test_the_generated_notes_link_the_heading_their_cut_is_under(scratch: Path) 
     welcome = next(d for d in DOCUMENTS if d.target.endswith("zh/00_welcome.ipynb"))
     assert "../00_welcome.ipynb#Your-environment)" in translations.build(welcome)[0]
     bug = next(d for d in DOCUMENTS if d.target.endswith("zh/04_missing_metadata_bug.ipynb"))
-    assert "../04_missing_metadata_bug.ipynb#The-fix)" in translations.build(bug)[0]
+    assert "../04_missing_metadata_bug.ipynb#Explore)" in translations.build(bug)[0]
 
 
 def test_anchors_are_read_as_jupyterlab_and_a_code_host_make_them() -> None:

@@ -41,9 +41,9 @@ _MAX_ROUNDS = 10  # timing rounds over all modes and batch sizes (see run_bench)
 _REWARM = 3  # untimed steps before each later round
 
 
-# Without a terminal (a log, a pipe): a line every 5 s, not a bar redrawn in place (each line starts with
-# \n, so the spaces tqdm pads with end the previous line).
-LOG_BAR = dict(mininterval=5, bar_format="\n{desc}: {n}/{total} done, {elapsed} gone, {remaining} left {postfix}")
+# Without a terminal (a log, a pipe): after 5 s, a line every 5 s, not a bar redrawn in place (each line starts
+# with \n, so the spaces tqdm pads with end the previous line). The tests and notebooks set delay to inf.
+LOG_BAR = dict(delay=5, mininterval=5, bar_format="\n{desc}: {n}/{total}, {elapsed} gone, {remaining} left {postfix}")
 
 
 def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:

@@ -7,6 +7,7 @@ import os
 import torch
 
 from cglab import cli
+from cglab.bench import run as bench_run
 from cglab.compilation import caching
 from cglab.compilation_config import COMPILE_BACKEND_ENV
 from cglab.errors import ConfigError
@@ -22,6 +23,7 @@ def setup_notebook(device: str | None = None) -> str:
     torch.set_num_threads(1)
     caching.install()  # the notebooks build dozens of identical engines: they share one dynamo trace
     cli.LOG_EVERY_S = None  # a command run in a cell prints its result only: saved outputs stay the same
+    bench_run.LOG_BAR["delay"] = float("inf")  # likewise a benchmark's progress lines
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if chosen == "cuda":
         # The eager compile backend, unless $CGLAB_COMPILE_BACKEND names one: a cold inductor compile costs seconds.
