@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from cglab import AttentionCGSupport, ConfigError, ModelRunner, ToyConfig
+from cglab import AttentionCGSupport, ConfigError, ModelRunner, ToyConfig, bug_zoo
 from cglab.compilation_config import CompilationConfig
 from cglab.custom_ops import direct_register_custom_op
 from cglab.forward_context import layer_metadata
@@ -36,18 +36,10 @@ def _window_sum(x: torch.Tensor, output: torch.Tensor, cache: torch.Tensor, laye
 window_sum = direct_register_custom_op("test_registry_window_sum", _window_sum, mutates_args=("output", "cache"))
 
 
-class WindowSum(nn.Module):
-    def __init__(self, config: ToyConfig, layer_name: str) -> None:
-        super().__init__()
-        self.layer_name = layer_name
-        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.register_buffer("cache", torch.zeros(config.num_slots + 1, config.hidden_size), persistent=False)
+class WindowSum(bug_zoo.WindowSum):
+    """The zoo's block around this file's own guarded op (a user's layer, registered below)."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.proj(hidden)
-        out = torch.empty_like(x)
-        window_sum(x, out, self.cache, self.layer_name)
-        return hidden + out
+    op = staticmethod(window_sum)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"cache": self.cache[:-1]}
