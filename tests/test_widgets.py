@@ -44,8 +44,8 @@ from cglab.lab.widgets import (
     verdict_table,
 )
 
-# A cheap run that still pads (3 tokens in a 4-token graph, as FULL pads a request too) and replays in every mode:
-# one captured size instead of four, for tests whose claims hold for any run.
+# A cheap run that still pads (3 tokens in a 4-token graph; FULL pads a request too) and replays a graph in every
+# step of a mode that captures one: one captured size instead of four, for tests whose claims hold for any run.
 ONE_PADDED_BATCH = {"batch_sizes": (3,), "capture_sizes": (4,), "max_num_reqs": 4}
 
 
