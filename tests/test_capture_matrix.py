@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cglab import ToyConfig
-from cglab.capture_matrix import BATCHES, CASES, MatrixCase, padding_changes, run_capture_matrix
+from cglab import ToyConfig, capture_matrix
+from cglab.capture_matrix import BATCHES, CASES, CaptureMatrix, MatrixCase, padding_changes, run_capture_matrix
 from cglab.cli import main
 from cglab.compilation_config import CompilationConfig
 
@@ -31,8 +31,22 @@ def test_the_cases_cover_every_mode_flavour_path_and_batch() -> None:
     assert len({c.key for c in CASES}) == len(CASES)
 
 
-def test_the_default_pattern_diverges_on_the_legacy_compiled_rows_only(device: str) -> None:
-    matrix = run_capture_matrix("sconv,attn", device=device)
+@pytest.fixture(scope="module")
+def default_matrices() -> dict[str, CaptureMatrix]:
+    """The default pattern's matrix by device, run once for the tests that read it."""
+    return {}
+
+
+def _default_matrix(matrices: dict[str, CaptureMatrix], device: str) -> CaptureMatrix:
+    if device not in matrices:
+        matrices[device] = run_capture_matrix("sconv,attn", device=device)
+    return matrices[device]
+
+
+def test_the_default_pattern_diverges_on_the_legacy_compiled_rows_only(
+    device: str, default_matrices: dict[str, CaptureMatrix]
+) -> None:
+    matrix = _default_matrix(default_matrices, device)
     assert matrix.backend == ("sim" if device == "cpu" else "cuda")
     assert set(matrix.failing(None)) == LEGACY_COMPILED
     assert matrix.failing("fixed") == []
@@ -71,7 +85,14 @@ def test_each_case_builds_the_config_it_names() -> None:
     assert case.key == "full_and_piecewise/breakable/legacy/padded"
 
 
-def test_the_command_prints_one_json_object_and_checks_the_fixed_path_only(capsys: pytest.CaptureFixture) -> None:
+def test_the_command_prints_one_json_object_and_checks_the_fixed_path_only(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, default_matrices: dict[str, CaptureMatrix]
+) -> None:
+    def same_matrix(config: ToyConfig, *, device: str, progress) -> CaptureMatrix:  # the one computed above
+        assert (config, device) == (ToyConfig(layers="sconv,attn"), "cpu")
+        return _default_matrix(default_matrices, device)
+
+    monkeypatch.setattr(capture_matrix, "run_capture_matrix", same_matrix)
     assert main(["matrix", "--layers", "sconv,attn", "--json", "--check"]) == 0  # the legacy rows diverge
     data = json.loads(capsys.readouterr().out)
     assert (data["layers"], data["backend"], len(data["rows"])) == ("sconv,attn", "sim", len(CASES))

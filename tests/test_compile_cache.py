@@ -27,6 +27,24 @@ def no_earlier_traces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(caching, "_TRACES", OrderedDict())
 
 
+@pytest.fixture(scope="module")
+def config_trace() -> OrderedDict:
+    """The saved traces after one engine of ``CONFIG``: traced once for the tests that need an earlier trace."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(caching, "_TRACES", OrderedDict())
+        _runner().close()
+        again = _runner()
+        assert len(caching._TRACES) == 1 and again.forward_model.trace_reused
+        again.close()
+        return caching._TRACES
+
+
+@pytest.fixture
+def traced_config(config_trace: OrderedDict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test starts with the trace of an earlier ``CONFIG`` engine saved, and no other."""
+    monkeypatch.setattr(caching, "_TRACES", OrderedDict(config_trace))
+
+
 def _runner(config: ToyConfig = CONFIG, device: str = "cpu", mode: str = "full_and_piecewise") -> ModelRunner:
     # The eager compile backend on CUDA too: inductor's pieces are compiled inside dynamo, never shared.
     return ModelRunner(config, CompilationConfig(mode, SIZES, backend="eager"), device=device)
@@ -87,8 +105,7 @@ def test_an_identical_engine_reuses_the_trace_and_steps_as_a_freshly_traced_one(
     ],
     ids=["python-guards", "strict", "layers", "hidden-size", "max-num-reqs"],
 )
-def test_what_the_trace_depends_on_keeps_engines_apart(variant: ToyConfig) -> None:
-    _runner().close()
+def test_what_the_trace_depends_on_keeps_engines_apart(variant: ToyConfig, traced_config: None) -> None:
     other = _runner(variant)
     again = _runner(variant)
     assert not other.forward_model.trace_reused and again.forward_model.trace_reused
@@ -96,8 +113,7 @@ def test_what_the_trace_depends_on_keeps_engines_apart(variant: ToyConfig) -> No
     again.close()
 
 
-def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    _runner().close()
+def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch, traced_config: None) -> None:
     forward = cglab.layers.sconv.ShortConv.forward
     monkeypatch.setattr(cglab.layers.sconv.ShortConv, "forward", lambda self, hidden: forward(self, hidden) * 2)
     patched = _runner()
@@ -105,10 +121,11 @@ def test_a_patched_forward_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> N
     patched.close()
 
 
-def test_a_patched_function_that_forward_calls_is_traced_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_patched_function_that_forward_calls_is_traced_again(
+    monkeypatch: pytest.MonkeyPatch, traced_config: None
+) -> None:
     """A learner who patches an op that a forward calls by name gets a runner that runs the patch: the
     fingerprint covers the functions forward calls, not forward alone."""
-    _runner().close()
     conv = cglab.layers.sconv.short_conv
     monkeypatch.setattr(cglab.layers.sconv, "short_conv", lambda *args: conv(*args))
     patched = _runner()
@@ -116,11 +133,10 @@ def test_a_patched_function_that_forward_calls_is_traced_again(monkeypatch: pyte
     patched.close()
 
 
-def test_the_startup_benchmark_traces_every_engine_itself() -> None:
+def test_the_startup_benchmark_traces_every_engine_itself(traced_config: None) -> None:
     """A start-up row times a first start: a reused trace would time a fraction of it."""
     from cglab.bench.startup import _cold_compiles
 
-    _runner().close()
     with _cold_compiles():
         runner = _runner()
     assert not runner.forward_model.trace_reused

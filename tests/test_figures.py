@@ -3,6 +3,7 @@ label covers a plotted point, and a capture path's colour never stands for a mod
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -92,17 +93,23 @@ def _explorer(name: str) -> Figure:
 FIGURES = {"overview": _overview, "latency explorer": _explorer}
 
 
+@functools.cache
+def _figure(figure: str, name: str) -> Figure:
+    """``FIGURES[figure](name)``, drawn once for the two layout tests, which only read it."""
+    return FIGURES[figure](name)
+
+
 @pytest.mark.parametrize("name", LADDERS)
 @pytest.mark.parametrize("figure", FIGURES)
 def test_no_two_labels_overlap(figure: str, name: str) -> None:
-    fig = FIGURES[figure](name)
+    fig = _figure(figure, name)
     assert _overlapping_texts(fig) == []
 
 
 @pytest.mark.parametrize("name", LADDERS)
 @pytest.mark.parametrize("figure", FIGURES)
 def test_legends_and_labels_cover_no_plotted_point(figure: str, name: str) -> None:
-    fig = FIGURES[figure](name)
+    fig = _figure(figure, name)
     renderer = fig.canvas.get_renderer()
     points = _points(fig)
     assert len(points) > 40  # every mode at every batch size

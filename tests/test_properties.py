@@ -140,7 +140,7 @@ def test_property_examples_exercise_graphs() -> None:
 IN_PIECE_KINDS = ("sconv", "compressor")
 
 
-@settings(CI, max_examples=20)
+@settings(CI, max_examples=10)
 @given(
     layers=st.lists(st.sampled_from(BUILT_IN), min_size=1, max_size=3),
     capture_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),

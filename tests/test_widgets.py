@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import threading
 import time
@@ -15,7 +16,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ToyConfig, run_repro
+from cglab import ConfigError, CudagraphDispatcher, CUDAGraphMode, ModelRunner, ReproResult, ToyConfig, run_repro
 from cglab.bench import BenchConfig, run_bench
 from cglab.compilation_config import CompilationConfig
 from cglab.lab import widgets
@@ -39,10 +40,28 @@ from cglab.lab.widgets import (
     interactive_latency_explorer,
     last_written_slots,
     latency_explorer,
-    run_case,
     verdict,
     verdict_table,
 )
+
+# A cheap run that still pads (3 tokens in a 4-token graph; FULL pads a request too) and replays a graph in every
+# step of a mode that captures one: one captured size instead of four, for tests whose claims hold for any run.
+ONE_PADDED_BATCH = {"batch_sizes": (3,), "capture_sizes": (4,), "max_num_reqs": 4}
+
+
+@pytest.fixture
+def run_case_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The options of every ``run_case`` call that the explorers make while the test runs, their memory empty
+    for the test (its misses are those calls); each result comes from the module's memory: run once."""
+    calls: list[dict] = []
+    shared = widgets._remembered_repro
+
+    def run(options: tuple) -> ReproResult:
+        calls.append(dict(options))
+        return shared(options)
+
+    monkeypatch.setattr(widgets, "_remembered_repro", functools.lru_cache(maxsize=256)(run))
+    return calls
 
 
 def _cell_colors(fig: Figure) -> torch.Tensor:
@@ -157,7 +176,7 @@ def test_verdict_table_wraps_long_layer_mixes_to_stay_narrow():
         ("full", True),
         ("full_decode_only", True),
     ]
-    table = verdict_table(widgets.LAYER_MIXES, cases, steps=2)
+    table = verdict_table(widgets.LAYER_MIXES, cases, steps=3, **ONE_PADDED_BATCH)
     assert _table_cells(table)[:2] == [
         ["", "sconv,attn,", "sconv,attn", "compressor,attn", "attn,attn"],
         ["", "compressor,attn", "", "", ""],
@@ -165,12 +184,10 @@ def test_verdict_table_wraps_long_layer_mixes_to_stay_narrow():
     assert max(map(len, table.splitlines())) <= 100
 
 
-def test_explorer_and_tables_run_each_case_once(monkeypatch: pytest.MonkeyPatch):
+def test_explorer_and_tables_run_each_case_once(run_case_calls: list[dict]):
     """One run per distinct case, however it is spelled: the explorer's fixed path, a table's cell and a
     call naming a default option are the same case; another option is another case."""
-    runs = []
-    monkeypatch.setattr(widgets, "run_case", lambda **options: runs.append(options) or run_case(**options))
-    widgets._remembered_repro.cache_clear()
+    runs = run_case_calls
     divergence_explorer("piecewise", legacy=True, layers="sconv,attn", steps=3)  # legacy and fixed: two runs
     verdict_table(["sconv,attn"], [("piecewise", True), ("piecewise", False)], steps=3)  # both remembered
     assert cached_repro("piecewise", layers="sconv,attn", steps=3, legacy_skip_attn=False) is cached_repro(
@@ -325,7 +342,12 @@ def test_the_disabled_switches_really_change_nothing_in_their_modes():
     for mode in ("full_decode_only", "full", "none"):
         runs = {
             (flavor, legacy, strict): cached_repro(
-                mode, piecewise_flavor=flavor, legacy_skip_attn=legacy, strict_layers=strict, steps=3
+                mode,
+                piecewise_flavor=flavor,
+                legacy_skip_attn=legacy,
+                strict_layers=strict,
+                steps=3,
+                **ONE_PADDED_BATCH,
             )
             for flavor in ("compiled", "breakable")
             for legacy in (False, True)
@@ -337,9 +359,12 @@ def test_the_disabled_switches_really_change_nothing_in_their_modes():
         }
         assert len(seen) == 1, mode
     # ... and they do change something where PIECEWISE graphs are captured
-    assert cached_repro("piecewise", legacy_skip_attn=True, steps=3).diverged
-    assert not cached_repro("piecewise", legacy_skip_attn=True, piecewise_flavor="breakable", steps=3).diverged
-    assert cached_repro("piecewise", legacy_skip_attn=True, strict_layers=True, steps=3).error
+    assert cached_repro("piecewise", legacy_skip_attn=True, steps=3, **ONE_PADDED_BATCH).diverged
+    breakable = cached_repro(
+        "piecewise", legacy_skip_attn=True, piecewise_flavor="breakable", steps=3, **ONE_PADDED_BATCH
+    )
+    assert not breakable.diverged
+    assert cached_repro("piecewise", legacy_skip_attn=True, strict_layers=True, steps=3, **ONE_PADDED_BATCH).error
 
 
 def test_the_divergence_widget_disables_its_switches_as_the_mode_changes(capsys):
@@ -354,10 +379,8 @@ def test_the_divergence_widget_disables_its_switches_as_the_mode_changes(capsys)
         assert status.value == (f"<small>{why}</small>" if why else ""), mode
 
 
-def test_the_policy_and_chunked_prefill_reach_run_repro(monkeypatch: pytest.MonkeyPatch, capsys):
-    runs = []
-    monkeypatch.setattr(widgets, "run_case", lambda **options: runs.append(options) or run_case(**options))
-    widgets._remembered_repro.cache_clear()
+def test_the_policy_and_chunked_prefill_reach_run_repro(run_case_calls: list[dict], capsys):
+    runs = run_case_calls
     controls = _controls(interactive_divergence_explorer())
     assert [(r["mode"], r["legacy_skip_attn"], r["prefill_chunk"], r["steps"]) for r in runs] == [
         ("piecewise", True, 0, 16),
