@@ -39,6 +39,8 @@ on tiny notebooks of their own):
   notebooks 04 and 05 fail with "after a burst of N quick changes the plot is not the one drawn for
   the final values" (only the burst catches it there), the self-test's explorer with "the plot did not
   change" (rerun with only the cells the widgets need; earlier, with every cell, 02 failed that way).
+  With each control stepped once and the burst bringing them back (2026-12-05), 05 and the self-test's
+  explorer failed with that burst message ("... (the first values: the first plot)").
 In these runs no two redraws overlapped (the widgets send one change per control at a time, and the
 kernel ran them one after another), so a redraw that mishandles overlapping callbacks is not provoked
 here; tests/test_widgets.py fires those from threads.
@@ -76,10 +78,11 @@ NOTEBOOKS = sorted(
     if ".ipynb_checkpoints" not in p.parts and "zh" not in p.parts and saved_widget_views(p)
 )
 ARTIFACTS = ROOT / "build" / "e2e"
-# Notebooks running at once, one per tab (each with its kernel). One per core left a core idle a third
-# of the time (measured on 2 cores: 238 s of CPU in 185 s), while tabs wait for redraws to settle; one
-# more tab than cores fills those waits (167 s there). E2E_TABS changes it.
-PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min((os.cpu_count() or 2) + 1, 4))))
+# Notebooks running at once, one per tab (each with its kernel): one per core. While tabs wait for redraws,
+# the checks beside them (lab_beside) fill the cores; a third tab on 2 cores cost one more boot of Lab
+# (about 9 s of Chromium's CPU) and finished no sooner, since notebook 04 alone sets the pace. E2E_TABS
+# changes it.
+PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min(os.cpu_count() or 2, 4))))
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
 SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
 
