@@ -79,9 +79,9 @@ NOTEBOOKS = sorted(
 )
 ARTIFACTS = ROOT / "build" / "e2e"
 # Notebooks running at once, one per tab (each with its kernel): one per core. While tabs wait for redraws,
-# the checks beside them (lab_beside) fill the cores; a third tab on 2 cores cost one more boot of Lab
-# (about 9 s of Chromium's CPU) and finished no sooner, since notebook 04 alone sets the pace. E2E_TABS
-# changes it.
+# the checks beside them (lab_beside) fill the cores, and notebook 04 alone sets the pace (2 cores, on
+# 2026-12-05: the other tab's four notebooks took 231 s of 04's 261 s); a third tab would cost one more boot
+# of Lab, seconds of Chromium's CPU. E2E_TABS changes it.
 PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min(os.cpu_count() or 2, 4))))
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
 SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
