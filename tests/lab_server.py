@@ -86,10 +86,13 @@ class LabServer:
             target = dirs["settings"] / package / f"{name}.jupyterlab-settings"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(values))
+        # No build check: at each page load Lab asks whether the app needs a rebuild, and the server starts
+        # Node (yarn config) to answer; the installed app never does here.
+        page_config: dict[str, Any] = {"buildCheck": False, "buildAvailable": False}
         if self.disabled_extensions:
-            (dirs["config"] / "labconfig").mkdir(exist_ok=True)
-            page_config = {"disabledExtensions": {name: True for name in self.disabled_extensions}}
-            (dirs["config"] / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
+            page_config["disabledExtensions"] = {name: True for name in self.disabled_extensions}
+        (dirs["config"] / "labconfig").mkdir(exist_ok=True)
+        (dirs["config"] / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
         return {
             "JUPYTER_CONFIG_DIR": str(dirs["config"]),
             "JUPYTER_DATA_DIR": str(dirs["data"]),

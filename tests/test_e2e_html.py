@@ -5,7 +5,8 @@ first build downloads the widget manager from the npm registry, later ones use t
 opened from disk in an offline browser that refuses every request that is not for a local file.
 Each page must make no such request and raise no error, every widget the notebook saved must be
 rendered by the bundled widget manager (an explorer with its plot inside), and every image must load.
-A screenshot of each page, scrolled to its first widget, lands in ``build/e2e/html/``.
+A screenshot of each page, scrolled to its first widget, lands in ``build/e2e/html/``. The build and the
+reading run in a thread beside tests/test_e2e_lab.py's notebooks where both run (``lab_beside``).
 
 Shown to fail once by hand: with nbconvert's default CDN URL for the widget manager
 (``widget_renderer_url`` unset) every page with widgets fails with a refused request to
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
+from lab_beside import findings, register
 from lab_notebook import WIDGET_VIEW, saved_widget_views
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
@@ -110,15 +112,25 @@ async def _read_offline(out: Path, pages: list[Path], expected: list[int]) -> li
     return found
 
 
-def test_html_pages_show_plots_and_widgets_offline(tmp_path: Path) -> None:
+def _build_and_read(factory: pytest.TempPathFactory, _modules: set[str]) -> tuple[Path, list[Path], list[list[str]]]:
+    """The pages built and read offline: the output folder, the pages, each page's problems."""
     build_html = _build_html()
-    out = tmp_path / "html"
+    out = factory.mktemp("html") / "html"
     pages = build_html.build(NOTEBOOKS, out)
     expected = [saved_widget_views(path) for path in NOTEBOOKS]
     assert sum(expected) > 0, "no notebook saved a widget: this test would check nothing about widgets"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for old in ARTIFACTS.glob("*.jpg"):
         old.unlink()
-    found = asyncio.run(_read_offline(out, pages, expected))
+    return out, pages, asyncio.run(_read_offline(out, pages, expected))
+
+
+# tests/test_e2e_lab.py starts it, to run beside its notebooks (lab_beside).
+register("html pages", _build_and_read, modules=("test_e2e_html",))
+
+
+def test_html_pages_show_plots_and_widgets_offline(request: pytest.FixtureRequest) -> None:
+    out, pages, found = findings(request, "html pages")
     problems = [
         f"{page.relative_to(out)}: {problem}" for page, page_problems in zip(pages, found) for problem in page_problems
     ]

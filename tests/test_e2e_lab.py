@@ -9,12 +9,16 @@ cells, the first code cell and, back from them, every cell binding a name they l
 comments). Headless Chromium opens them in JupyterLab, a few tabs at a time, each notebook with a fresh
 kernel, runs Run All, and fails on an error a cell shows without the ``raises-exception`` tag, a cell
 that never ran, a widget shown as text, a plot that did not load, or an error in the page
-(``lab_notebook``). Every explorer's controls are then moved, one at a time and in a burst, and the plot
-must follow; every control, a disabled one too, must lie within its row in a 1280 x 800 window and a
-narrower one (``lab_explorer``). A screenshot of each notebook and ``report.txt`` land in
+(``lab_notebook``). Every explorer's controls are then moved, one step each, one at a time, and the plot
+must follow; a burst of quick changes then brings them all back, and the plot must be the first one; every
+control, a disabled one too, must lie within its row in a 1280 x 800 window and a narrower one
+(``lab_explorer``). A screenshot of each notebook and ``report.txt`` land in
 ``build/e2e/``. Notebooks are found by glob, so a new one with a widget is run without changes here;
-the server and every kernel are stopped at the end. One error in the page is excused, and only as often
-as the server's log proves it: the failed kernel list of a race inside jupyter_server
+the server and every kernel are stopped at the end. The browser checks that need none of these kernels
+(tests/test_e2e_fresh.py and test_e2e_zh.py's visit, test_e2e_html.py's pages) start here too and run
+beside the notebooks, in threads of their own (``lab_beside``): notebook 04's explorer, one redraw after
+another in one kernel, leaves a core idle for most of the run. One error in the page is excused, and only
+as often as the server's log proves it: the failed kernel list of a race inside jupyter_server
 (``lab_server.KERNEL_LIST_RACE``), which Lab retries.
 
 Run it with ``make test-e2e`` (``make test`` runs it when Chromium is installed), or
@@ -35,6 +39,8 @@ on tiny notebooks of their own):
   notebooks 04 and 05 fail with "after a burst of N quick changes the plot is not the one drawn for
   the final values" (only the burst catches it there), the self-test's explorer with "the plot did not
   change" (rerun with only the cells the widgets need; earlier, with every cell, 02 failed that way).
+  With each control stepped once and the burst bringing them back (2026-12-05), 05 and the self-test's
+  explorer failed with that burst message ("... (the first values: the first plot)").
 In these runs no two redraws overlapped (the widgets send one change per control at a time, and the
 kernel ran them one after another), so a redraw that mishandles overlapping callbacks is not provoked
 here; tests/test_widgets.py fires those from threads.
@@ -51,6 +57,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
+from lab_beside import start_all
 from lab_notebook import WIDGET_VIEW, LabTab, NotebookRun, saved_widget_views
 from lab_server import LabServer, excuse_kernel_list_races
 from notebook_names import cells_widgets_need
@@ -71,10 +78,11 @@ NOTEBOOKS = sorted(
     if ".ipynb_checkpoints" not in p.parts and "zh" not in p.parts and saved_widget_views(p)
 )
 ARTIFACTS = ROOT / "build" / "e2e"
-# Notebooks running at once, one per tab (each with its kernel). One per core left a core idle a third
-# of the time (measured on 2 cores: 238 s of CPU in 185 s), while tabs wait for redraws to settle; one
-# more tab than cores fills those waits (167 s there). E2E_TABS changes it.
-PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min((os.cpu_count() or 2) + 1, 4))))
+# Notebooks running at once, one per tab (each with its kernel): one per core. While tabs wait for redraws,
+# the checks beside them (lab_beside) fill the cores, and notebook 04 alone sets the pace (2 cores, on
+# 2026-12-05: the other tab's four notebooks took 231 s of 04's 261 s); a third tab would cost one more boot
+# of Lab, seconds of Chromium's CPU. E2E_TABS changes it.
+PARALLEL_TABS = int(os.environ.get("E2E_TABS", str(min(os.cpu_count() or 2, 4))))
 WIDGET_MANAGER = "@jupyter-widgets/jupyterlab-manager"
 SELFTEST_WITHOUT_WIDGETS = "selftest/widget.ipynb without the widget manager"
 
@@ -187,8 +195,8 @@ def _selected_notebooks(request: pytest.FixtureRequest) -> list[str]:
 
 
 def _cpu_seconds() -> float:
-    """CPU time of this process and of every child it has waited for (servers with their kernels, the
-    browser): the e2e test's cost on a machine of its own is about this divided by the cores."""
+    """CPU time of this process (its threads too: the checks that run beside the notebooks, lab_beside) and
+    of every child it has waited for (servers with their kernels, the browsers)."""
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     return sum(u.ru_utime + u.ru_stime for u in usage)
 
@@ -204,6 +212,7 @@ def _screenshot_name(path: str) -> Path:
 @pytest.fixture(scope="module")
 def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
     """Every notebook and both self-tests, run once, several tabs at a time; then everything stopped."""
+    start_all(request)  # the checks that run beside these notebooks (lab_beside)
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     root = tmp_path_factory.mktemp("suite")
     stripped_suite(root)
@@ -238,7 +247,7 @@ def lab_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
         print(
             f"\nJupyterLab e2e: {time.perf_counter() - start:.0f} s, {_cpu_seconds() - cpu_start:.0f} s of CPU "
-            f"(servers, kernels, browser), {PARALLEL_TABS} tabs at a time"
+            f"(servers, kernels, browsers, the checks beside them), {PARALLEL_TABS} tabs at a time"
         )
         report = []
         for path, run in runs.items():

@@ -4,7 +4,9 @@ committed, shows its Chinese prose and its saved outputs with no error; the one 
 
 The Chinese notebooks' code cells are the English ones (tools/translations.py copies them), and nbval runs
 those; only the folder they run from is new, and one Run All shows it works. Notebooks are found by glob,
-so a new one is checked without changes here. All share one tab. A screenshot of each lands in
+so a new one is checked without changes here. They are opened without a kernel in the visit that
+tests/test_e2e_fresh.py reads too (``lab_committed``: one tab, each notebook opened once for both), with
+its errors in the page; the Run All follows in the same tab. A screenshot of each lands in
 ``build/e2e/zh/``. The text check reads the page's DOM; whether the glyphs look right depends on the
 machine's fonts (a Chinese font, e.g. Debian's fonts-noto-cjk, for the screenshots to show them).
 
@@ -18,56 +20,22 @@ Run it with ``make test-e2e`` or ``pytest -m e2e tests/test_e2e_zh.py``.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from chromium import CHROMIUM, CHROMIUM_ARGS, skip_without_chromium
-from lab_notebook import OPEN_NOTEBOOK, PANEL, LabTab, NotebookRun
-from lab_server import LabServer, excuse_kernel_list_races
+from chromium import skip_without_chromium
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need Jupyter (make installs it)")
-
 pytestmark = pytest.mark.e2e
 skip_without_chromium()
 
+from lab_committed import ZH, ZH_RUN_ALL, committed_visits  # noqa: E402  (after the skip)
+
 ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "build" / "e2e" / "zh"
 CJK = re.compile(r"[\u4e00-\u9fff]")
-NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks" / "zh").glob("*.ipynb"))
-
-
-def _code_cells(path: str) -> int:
-    return sum(cell.cell_type == "code" for cell in nbformat.read(ROOT / path, as_version=4).cells)
-
-
-# The one run with Lab's Run All: the notebook with the fewest code cells, of those with any.
-RUN_ALL = min((p for p in NOTEBOOKS if _code_cells(p)), key=_code_cells)
-
-# Every markdown cell rendered (Lab renders them when the notebook is shown).
-_RENDERED = f"""(path) => {{ const panel = {PANEL};
-  const markdown = panel ? panel.content.widgets.filter(c => c.model.type === 'markdown') : [];
-  return markdown.length > 0 && markdown.every(c => c.rendered && c.node.querySelector('.jp-RenderedMarkdown h1, '
-    + '.jp-RenderedMarkdown h2, .jp-RenderedMarkdown p, .jp-RenderedMarkdown li')); }}"""
-# What a reader sees without running anything: the rendered prose, the headings, the saved outputs.
-_SHOWN = f"""(path) => {{ const panel = {PANEL};
-  const cells = panel.content.widgets;
-  const markdown = cells.filter(c => c.model.type === 'markdown');
-  const code = cells.filter(c => c.model.type === 'code');
-  return {{
-    prose: markdown.map(c => c.node.querySelector('.jp-RenderedMarkdown').innerText).join('\\n'),
-    headings: Array.from(panel.content.node.querySelectorAll('.jp-RenderedMarkdown h1, .jp-RenderedMarkdown h2'))
-      .map(h => h.innerText),
-    outputs: code.reduce((n, c) => n + c.outputArea.node.querySelectorAll('.jp-OutputArea-output').length, 0),
-    errors: code.filter(c => !(c.model.getMetadata('tags') || []).includes('raises-exception'))
-      .flatMap(c => c.model.outputs.toJSON().filter(o => o.output_type === 'error').map(o => o.ename)),
-    brokenImages: Array.from(panel.content.node.querySelectorAll('img'))
-      .filter(img => !(img.complete && img.naturalWidth > 0)).length,
-  }};
-}}"""
+NOTEBOOKS, RUN_ALL = ZH, ZH_RUN_ALL
 
 
 def fresh_problems(shown: dict[str, Any], saved_outputs: int) -> list[str]:
@@ -85,67 +53,23 @@ def fresh_problems(shown: dict[str, Any], saved_outputs: int) -> list[str]:
     return problems
 
 
-async def _open_fresh(tab: LabTab, path: str, screenshot: Path) -> NotebookRun:
-    """``path`` opened as committed, nothing run: its problems, errors in the page since the last look
-    included. It stays open: closing a notebook whose kernel has just started cancels the debugger's start-up
-    request, which Lab reports as a console error. ``LabTab.run`` runs it in the same panel; the tab's close
-    ends the rest, and the server's stop shuts every kernel down."""
-    run = NotebookRun(path)
-    await tab.page.evaluate(OPEN_NOTEBOOK, path)
-    await tab.page.wait_for_function(f"(path) => ({_RENDERED})(path)", arg=path, timeout=60_000)
-    saved = sum(len(c.outputs) for c in nbformat.read(ROOT / path, as_version=4).cells if c.cell_type == "code")
-    run.problems += fresh_problems(await tab.page.evaluate(_SHOWN, path), saved)
-    screenshot.parent.mkdir(parents=True, exist_ok=True)
-    await tab.page.screenshot(path=str(screenshot), type="jpeg", quality=70)
-    run.problems += tab.take_problems()
-    return run
-
-
-async def _check(server: LabServer) -> dict[str, NotebookRun]:
-    from playwright.async_api import async_playwright
-
-    found: dict[str, NotebookRun] = {}
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = await browser.new_context()
-        try:
-            tab = await LabTab.open(context, server, "zh")  # one tab for all: booting Lab costs seconds of CPU
-            try:
-                for path in NOTEBOOKS:
-                    name = Path(path).stem
-                    found[f"{path} as committed"] = await _open_fresh(tab, path, ARTIFACTS / f"{name}-fresh.jpg")
-                    if path == RUN_ALL:
-                        found[f"{path} after Run All"] = await tab.run(path, ARTIFACTS / f"{name}-run.jpg")
-            finally:
-                await tab.close()
-        finally:
-            await browser.close()
-    return found
-
-
 @pytest.fixture(scope="module")
-def zh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, NotebookRun]:
-    """The Chinese notebooks opened in a Lab serving a copy of notebooks/ (Run All must not touch the files)."""
-    root = tmp_path_factory.mktemp("suite")
-    shutil.copytree(ROOT / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for entry in ("cglab", "data"):
-        (root / entry).symlink_to(ROOT / entry)
-    server = LabServer(root, tmp_path_factory.mktemp("lab"), log=ARTIFACTS / "jupyterlab.log")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    server.start()
-    try:
-        server.wait_ready()
-        found = asyncio.run(_check(server))
-    finally:
-        leftovers = server.stop()
-    assert not leftovers, f"processes outlived the JupyterLab server: {leftovers}"
-    excuse_kernel_list_races(found.values(), server)
+def zh_runs(request: pytest.FixtureRequest) -> dict[str, list[str]]:
+    """Each Chinese notebook's problems as committed (its look in ``lab_committed``'s visit, shared with
+    tests/test_e2e_fresh.py, and the errors in the page while it was open), and those of the Run All."""
+    seen = committed_visits(request)
+    assert not seen["leftovers"], f"processes outlived the JupyterLab server: {seen['leftovers']}"
+    found = {}
+    for path in NOTEBOOKS:
+        saved = sum(len(c.outputs) for c in nbformat.read(ROOT / path, as_version=4).cells if c.cell_type == "code")
+        found[f"{path} as committed"] = fresh_problems(seen["zh"][path], saved) + seen["outputs"][path]["errors"]
+    found[f"{RUN_ALL} after Run All"] = seen["zh run"].problems
     return found
 
 
 @pytest.mark.parametrize("key", [f"{p} as committed" for p in NOTEBOOKS] + [f"{RUN_ALL} after Run All"])
-def test_the_chinese_notebooks_render_in_jupyterlab(zh_runs: dict[str, NotebookRun], key: str) -> None:
-    problems = zh_runs[key].problems
+def test_the_chinese_notebooks_render_in_jupyterlab(zh_runs: dict[str, list[str]], key: str) -> None:
+    problems = zh_runs[key]
     assert not problems, f"{key}:\n  " + "\n  ".join(problems)
 
 
