@@ -370,7 +370,9 @@ def probed() -> dict[str, list]:
     """What PROBE found for each bad input (exit status, stdout, stderr, torch imported) and for the imports."""
     cases = sorted(BAD_ARGUMENTS, key=lambda case: case in AFTER_TORCH)  # stable: the others keep their order
     argvs = json.dumps([[case, BAD_ARGUMENTS[case][0]] for case in cases])
-    proc = subprocess.run([sys.executable, "-c", PROBE, argvs], check=False, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, argvs], check=False, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # nothing beside each input's own lines
     return json.loads(proc.stdout)
 
