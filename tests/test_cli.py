@@ -57,9 +57,10 @@ def test_divergence_and_refused_capture_still_exit_zero(capsys: pytest.CaptureFi
 
 
 def test_a_closed_stdout_says_the_result_was_not_printed() -> None:
-    """Nothing was saved: the one line on stderr says the result was lost, not that the disk failed."""
+    """Nothing was saved: the one line on stderr says the result was lost, not that the disk failed. (An eager
+    run: what a graph mode adds here is only its seconds of compiling.)"""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cglab", "repro", "--steps", "2", "--json"],
+        [sys.executable, "-m", "cglab", "repro", "--mode", "none", "--steps", "2", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -146,7 +147,8 @@ def test_spec_decode_captures_sizes_as_model_runner_v2(capsys: pytest.CaptureFix
         assert main([*argv, "--num-speculative-tokens", k, "--capture-sizes", sizes]) == 0
         data = json.loads(capsys.readouterr().out)
         assert data["captured_sizes"] == captured and data["acceptance_rate"] == data["reference_acceptance_rate"]
-    assert main(["repro", "--num-speculative-tokens", "16", "--layers", "attn,attn", "--check"]) == 0
+    # The default sizes, 17 times 1, 2, 4, 8, and batch sizes (3, 1, 8): three steps reach each batch size once.
+    assert main(["repro", "--num-speculative-tokens", "16", "--layers", "attn,attn", "--steps", "3", "--check"]) == 0
     assert "acceptance rate" in capsys.readouterr().out
 
 
@@ -277,15 +279,32 @@ def test_the_legacy_switch_under_full_is_a_warning(capsys: pytest.CaptureFixture
 
 # -- arguments are checked before torch is imported ------------------------------------------------------
 
-# `python -m cglab` as Python runs it (argv[0] reads "-m" while the package imports); whether torch got
-# imported is the last line on stderr, however the command ended.
+# One process runs every bad input in turn, each as Python runs `python -m cglab` (argv[0] reads "-m"; the
+# exit status is __main__'s SystemExit), those refused before torch first, so whether torch is imported
+# after each is that input's own finding. Before them `import cglab` alone, after them its names (the
+# package is lazy). One start of torch instead of one per input.
 PROBE = """
-import runpy, sys
-sys.argv = ["-m", *sys.argv[1:]]
-try:
-    runpy._run_module_as_main("cglab")
-finally:
-    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+import contextlib, io, json, runpy, sys, traceback
+
+import cglab, cglab.bench
+found = {"import cglab": "torch" in sys.modules}
+for case, argv in json.loads(sys.argv[1]):
+    sys.argv = ["-m", *argv]
+    out, err, exit_status = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy._run_module_as_main("cglab")
+        except SystemExit as exc:
+            exit_status = exc.code
+        except BaseException:
+            traceback.print_exc()
+    found[case] = [exit_status, out.getvalue(), err.getvalue(), "torch" in sys.modules]
+from cglab import ModelRunner, ToyConfig, run_repro
+from cglab.bench import run_bench
+import cglab as c
+names = all(hasattr(c, n) for n in c.__all__) and set(c.__all__) <= set(dir(c))
+found["names"] = ["torch" in sys.modules, ModelRunner.__module__, names]
+print(json.dumps(found))
 """
 MODES = "'none', 'piecewise', 'full', 'full_decode_only', 'full_and_piecewise'"
 # Every bad input: (argv, a fragment of its one line). All are refused before torch is imported, but
@@ -346,27 +365,33 @@ if not torch.cuda.is_available():
     AFTER_TORCH.add("cuda without a GPU")
 
 
+@pytest.fixture(scope="module")
+def probed() -> dict[str, list]:
+    """What PROBE found for each bad input (exit status, stdout, stderr, torch imported) and for the imports."""
+    cases = sorted(BAD_ARGUMENTS, key=lambda case: case in AFTER_TORCH)  # stable: the others keep their order
+    argvs = json.dumps([[case, BAD_ARGUMENTS[case][0]] for case in cases])
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, argvs], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # nothing beside each input's own lines
+    return json.loads(proc.stdout)
+
+
 @pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
-def test_bad_arguments_exit_2_with_one_line(case: str) -> None:
+def test_bad_arguments_exit_2_with_one_line(probed: dict[str, list], case: str) -> None:
     """One line naming the fix, exit 2, no traceback; and no torch unless the engine had to judge."""
     argv, message = BAD_ARGUMENTS[case]
-    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], check=False, capture_output=True, text=True, timeout=60)
-    *error, probe = proc.stderr.splitlines()
-    assert (proc.returncode, proc.stdout, probe) == (2, "", f"torch imported: {case in AFTER_TORCH}"), proc.stderr
+    status, out, err, torch_imported = probed[case]
+    error = err.splitlines()
+    assert (status, out, torch_imported) == (2, "", case in AFTER_TORCH), err
     assert len(error) == 1 and error[0].startswith(f"python -m cglab {argv[0] if argv else ''}".strip()), error
     assert ": error: " in error[0] and message in error[0]
 
 
-def test_import_cglab_imports_no_torch_until_a_name_is_used() -> None:
+def test_import_cglab_imports_no_torch_until_a_name_is_used(probed: dict[str, list]) -> None:
     """The package is lazy (``python -m cglab`` imports it first); its names still import as before."""
-    code = (
-        "import sys, cglab, cglab.bench; assert 'torch' not in sys.modules; "
-        "from cglab import ModelRunner, ToyConfig, run_repro; from cglab.bench import run_bench; "
-        "assert 'torch' in sys.modules and ModelRunner.__module__ == 'cglab.runner'; "
-        "import cglab as c; assert all(hasattr(c, n) for n in c.__all__) and set(c.__all__) <= set(dir(c))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert probed["import cglab"] is False
+    assert probed["names"] == [True, "cglab.runner", True]  # every name of __all__ is there, and listed
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -66,17 +66,14 @@ def test_writes_go_to_a_temporary_file_then_are_renamed(
     assert load_results(tmp_path / "run").rows[0]["mode"] == "piecewise"
 
 
-def test_cli_refuses_to_overwrite_in_one_line(tmp_path: Path) -> None:
+def test_cli_refuses_to_overwrite_in_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """In this process (the Ctrl-C tests below run ``python -m cglab bench`` over a recorded pair and check
+    its stderr whole): one line, before any measuring."""
     recorded = tmp_path / "h200.csv"
     recorded.write_text("recorded on the H200")
-    proc = subprocess.run(
-        [sys.executable, "-m", "cglab", "bench", "--quick", "--out", str(tmp_path / "h200")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert len(proc.stderr.splitlines()) == 1 and "--force" in proc.stderr
+    assert main(["bench", "--quick", "--out", str(tmp_path / "h200")]) != 0
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "--force" in err and out == ""
     assert recorded.read_text() == "recorded on the H200" and not (tmp_path / "h200.json").exists()
 
 

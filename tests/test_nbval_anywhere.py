@@ -18,13 +18,15 @@ import pytest
 
 pytest.importorskip("nbval", reason="nbval re-executes notebooks (make installs it)")
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "notebooks/00b_express.ipynb"
 
 
 def test_the_express_notebook_reads_the_same_with_another_cpus_kernels() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTEST_XDIST_WORKER")}
     env["ATEN_CPU_CAPABILITY"] = "default"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "--nbval", "notebooks/00b_express.ipynb"],
+        # (no hypothesis plugin: seconds of imports that checking a notebook never uses)
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:hypothesispytest", "--nbval", NOTEBOOK],
         cwd=ROOT,
         env=env,
         capture_output=True,
