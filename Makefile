@@ -37,9 +37,15 @@ TORCH_INDEX_URL ?=
 # libraries, and its progress bars show that it moves; pip also takes a torch wheel the machine holds
 # locally) and uv, which installs the rest: about 80 packages, which pip resolves and unpacks one after
 # another in most of a minute of CPU, and uv in seconds. Neither compiles bytecode; one import of what
-# the notebooks and tests load then writes it for those modules only, in a third of the time it takes
-# to compile every file installed. uv reads no pip configuration: where only pip reaches the packages (a
-# private index), pip installs them after uv fails.
+# the notebooks, the tests, Lab and the browser tests load (WARM_IMPORTS) then writes it for those modules
+# only, in a third of the time it takes to compile every file installed, once: without it the first
+# processes of make test (two workers, the first kernels) each compile the same modules at the same time.
+# The import also builds matplotlib's font cache. uv reads no pip configuration: where only pip reaches the
+# packages (a private index), pip installs them after uv fails.
+WARM_IMPORTS := torch._dynamo, torch._inductor.compile_fx, torch.export, sympy.combinatorics, networkx, \
+  cglab.cli, cglab.lab.widgets, cglab.bench.run, cglab.capture_matrix, cglab.bug_zoo, matplotlib.pyplot, \
+  ipywidgets, ipykernel.ipkernel, ipykernel.debugger, nbval.plugin, nbclient, nbconvert, jupyterlab.labapp, \
+  anyio, xdist.remote, hypothesis.strategies, playwright.async_api, psutil, polib
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile
 # Set-up needs Python 3.10 or newer (pyproject.toml's requires-python). PYTHON is checked only when
 # the venv is to be made, before anything is built: an older one (macOS's command-line tools install
@@ -58,7 +64,7 @@ $(STAMP): pyproject.toml $(if $(shell test -f $(STAMP) && $(VENV_WORKS) && echo 
 	$(PIP_INSTALL) torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP_INSTALL) --quiet uv==0.13.9
 	$(PY) -m uv pip install --python $(PY) -e ".[dev]" || $(PIP_INSTALL) -e ".[dev]"
-	$(PY) -c "import cglab.lab.widgets, torch._dynamo, ipykernel.kernelapp, nbval, jupyterlab"
+	PYDEVD_DISABLE_FILE_VALIDATION=1 $(PY) -c "import $(WARM_IMPORTS)"  # the variable: no debugger notice
 	touch $(STAMP)
 
 # Only the environment, for those who work from a terminal (lab and test do this themselves).

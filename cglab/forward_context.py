@@ -9,8 +9,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from cglab.config import CUDAGraphMode
 from cglab.errors import MissingMetadataError
 
@@ -56,10 +54,10 @@ def set_forward_context(
         _CURRENT.reset(token)  # restores the enclosing context, so nested passes still work
 
 
-@torch.compiler.assume_constant_result
 def forward_context_has_metadata() -> bool:
     """Whether this step has metadata: the plain-Python guard (``python_guards=True``), which dynamo decides
-    once, at trace time, as it reads vLLM's module global (hence ``assume_constant_result``)."""
+    once, at trace time, as it reads vLLM's module global (hence ``torch.compiler.assume_constant_result``,
+    applied where a model is compiled: ``cglab/compilation/wrapper.py``)."""
     return get_forward_context().attn_metadata is not None
 
 

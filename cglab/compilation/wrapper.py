@@ -21,11 +21,14 @@ from cglab.compilation.cuda_graph import CUDAGraphWrapper
 from cglab.compilation_config import CompilationConfig
 from cglab.config import CUDAGraphMode
 from cglab.errors import CaptureError
+from cglab.forward_context import forward_context_has_metadata
 from cglab.graphs import GraphBackend
 
 
 def fresh_forward(model: nn.Module) -> Callable[..., torch.Tensor]:
     """``model.forward`` with a code object of its own: dynamo caps the graphs it keeps per code object."""
+    # Marked here, before the first trace, not with a decorator: that imports dynamo (2 s) in every process.
+    torch.compiler.assume_constant_result(forward_context_has_metadata)
     fn = type(model).forward
     copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
