@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import fnmatch
+import functools
 import hashlib
 import html
 import os
@@ -235,11 +236,11 @@ def add_banners(body: str) -> str:
     return WIDGET_BOX.sub(lambda match: match.group(0) + WIDGET_BANNER, body)
 
 
-def convert(notebook: nbformat.NotebookNode, name: str, page: Path, out: Path) -> str:
-    """Write ``notebook``'s page to ``page``; return the notebook's title (``name`` where it has none)."""
-    static = os.path.relpath(out / STATIC, page.parent)
-    language = LANGUAGES.get(page.relative_to(out).parts[0], ("en",))[0]
-    exporter = HTMLExporter(
+@functools.lru_cache
+def exporter_for(static: str, language: str) -> HTMLExporter:
+    """The exporter for pages that reach the assets at ``static``: one per folder and language, since each
+    exporter compiles its templates again (a third of a page's time)."""
+    return HTMLExporter(
         template_name="lab",
         template_file="offline.html.j2",
         language_code=language,
@@ -247,6 +248,12 @@ def convert(notebook: nbformat.NotebookNode, name: str, page: Path, out: Path) -
         require_js_url=f"{static}/require.js",
         widget_renderer_url=f"{static}/embed-amd.js",
     )
+
+
+def convert(notebook: nbformat.NotebookNode, name: str, page: Path, out: Path) -> str:
+    """Write ``notebook``'s page to ``page``; return the notebook's title (``name`` where it has none)."""
+    static = os.path.relpath(out / STATIC, page.parent)
+    exporter = exporter_for(static, LANGUAGES.get(page.relative_to(out).parts[0], ("en",))[0])
     body, _ = exporter.from_notebook_node(notebook, resources={"metadata": {"name": title_of(notebook, name)}})
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(add_banners(NOTEBOOK_LINK.sub(r'href="\1.html\2"', body)), encoding="utf-8")
