@@ -141,8 +141,11 @@ def repro_config(
     """``config`` sized for the scenario: the pool holds the largest batch (or ``max_num_reqs``: a capture
     size above it makes a prefill-shaped capture batch), the caches every prompt and step, a step its chunk."""
     k, pool = num_speculative_tokens, max(batch_sizes)
-    # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further.
-    max_model_len = -(-(_MAX_PROMPT + steps * (k + 1) + k) // config.block_size) * config.block_size
+    # Each step adds up to K + 1 tokens, and the drafts after the last one reach K - 1 further. Rounded up
+    # to whole multiples of 48 tokens (ToyConfig's default): runs of nearby lengths then build models of
+    # one shape, which share one dynamo trace (an engine's max_model_len is the model's, not the run's).
+    unit = math.lcm(48, config.block_size)
+    max_model_len = -(-(_MAX_PROMPT + steps * (k + 1) + k) // unit) * unit
     # A step holds the decode tokens plus a prompt chunk (no more than every prompt), and every capture
     # size fits it (vLLM never captures above its token budget).
     chunk = min(max(prefill_chunk, _MAX_PROMPT), pool * _MAX_PROMPT)

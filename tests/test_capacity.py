@@ -66,12 +66,12 @@ REFUSED = {
         ["repro", "--capture-sizes", "1,2,100000000", "--steps", "2"],
         [
             "capture size 100,000,000: puts 12,500,000 tokens in one request",
-            "the largest capture size that fits is 128",
+            "the largest capture size that fits is 384",
         ],
     ),
     "a capture size the run's length cannot hold": (
-        ["repro", "--capture-sizes", "129", "--steps", "2"],
-        ["capture size 129: puts 17 tokens", "the largest capture size that fits is 128"],
+        ["repro", "--capture-sizes", "385", "--steps", "2"],
+        ["capture size 385: puts 49 tokens", "the largest capture size that fits is 384"],
     ),
     "a huge hidden size": (
         ["bench", "--quick", "--hidden-size", "100000", "--force", "--out"],
@@ -94,9 +94,9 @@ def test_what_cannot_fit_is_refused_in_one_line_before_allocating(
 
 def test_the_largest_value_named_fits() -> None:
     """The refusal's number is the boundary: one step fewer than refused runs its checks through."""
-    with pytest.raises(Exception, match="the largest capture size that fits is 128"):
-        run_repro(CompilationConfig("piecewise", (129,)), steps=2)
-    assert run_repro(CompilationConfig("piecewise", (128,)), steps=2, batch_sizes=(8,)).error is None
+    with pytest.raises(Exception, match="the largest capture size that fits is 384"):
+        run_repro(CompilationConfig("piecewise", (385,)), steps=2)
+    assert run_repro(CompilationConfig("piecewise", (384,)), steps=2, batch_sizes=(8,)).error is None
 
 
 @pytest.mark.parametrize(
@@ -218,7 +218,7 @@ def test_a_sidecar_without_its_environment_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_same_seed_gives_the_same_model_whatever_the_run_length() -> None:
-    short, long = (repro_config(ToyConfig(), CompilationConfig(), [3], steps) for steps in (8, 16))
+    short, long = (repro_config(ToyConfig(), CompilationConfig(), [3], steps) for steps in (8, 64))
     assert short.max_model_len < long.max_model_len
     a, b = (ToyTransformer(config).state_dict() for config in (short, long))
     for name, tensor in a.items():

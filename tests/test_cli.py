@@ -355,8 +355,8 @@ BAD_ARGUMENTS = {
     ),
     "capture size the scenario cannot batch": (
         ["repro", "--capture-sizes", "512"],
-        "capture size 512: puts 64 tokens in one request of its capture batch (of at most 8), above the 32 a request "
-        "may hold (max_model_len); the largest capture size that fits is 256",
+        "capture size 512: puts 64 tokens in one request of its capture batch (of at most 8), above the 48 a request "
+        "may hold (max_model_len); the largest capture size that fits is 384",
     ),
 }
 AFTER_TORCH = {"capture size the scenario cannot batch"}
@@ -579,9 +579,9 @@ def test_a_python_without_torch_gets_one_line_that_names_the_venv(
 
 
 def test_the_pre_49751_switch_reaches_the_capture(capsys: pytest.CaptureFixture[str]) -> None:
-    """A capture size of 87 over 8 requests: the old split puts 17 tokens in the last one, above max_model_len
-    (16 for 2 steps), and capture fails (exit 1 with --check); today's split (10, then 11 each) fits."""
-    argv = ["repro", "--capture-sizes", "1,87", "--batch-sizes", "8", "--steps", "2", "--check", "--json"]
+    """A capture size of 343 over 8 requests: the old split puts 49 tokens in the last one, above max_model_len
+    (48 for 2 steps), and capture fails (exit 1 with --check); today's split (42 or 43 each) fits."""
+    argv = ["repro", "--capture-sizes", "1,343", "--batch-sizes", "8", "--steps", "2", "--check", "--json"]
     assert main(argv) == 0
     assert main([*argv, "--pre-49751-dummy-split"]) == 1
     assert "above max_model_len" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]

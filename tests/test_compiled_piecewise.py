@@ -116,8 +116,8 @@ def test_the_revert_pre_49751_dummy_split_reads_past_a_block_table_row(device, r
     broken = run_repro(CompilationConfig("piecewise", (8, 127), pre_49751_dummy_split=True), device=device, **REVERT)
     assert broken.error == (
         "CaptureError: capturing the PIECEWISE(tokens=127, reqs=any) graph failed: layers.1.attn: request 63 of "
-        "this batch has 64 tokens, above max_model_len (32), so attention would read block_table[63][8..15], past "
-        "the 8 blocks of its row: an illegal address on a GPU. This is the crash that got vLLM PR #49364 reverted; "
+        "this batch has 64 tokens, above max_model_len (48), so attention would read block_table[63][12..15], "
+        "past the 12 blocks of its row: an illegal address on a GPU. This is the crash that got vLLM PR #49364 reverted; "
         "#49751 splits the dummy batch so that no request exceeds max_model_len (drop pre_49751_dummy_split)"
     )
     fixed = run_repro(
