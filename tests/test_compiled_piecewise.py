@@ -107,7 +107,7 @@ def test_splitting_at_the_short_conv_makes_it_eager_and_safe(device, replays):
 
 
 # A capture size above max_num_reqs: before vLLM #49751 its dummy batch put 1 + 63 = 64 tokens in its last
-# request, above the 32 (8 blocks) a request may hold here, as vLLM's CI did with block_table[255][8..15].
+# request, above the 48 (12 blocks) a request may hold here, as vLLM's CI did with block_table[255][8..15].
 REVERT = {"max_num_reqs": 64}
 
 
