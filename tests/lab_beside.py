@@ -37,6 +37,9 @@ def start(request: pytest.FixtureRequest, name: str) -> None:
         return
     check, _ = _CHECKS[name]
     factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+    # The session's base folder is made on first use and pytest does not lock it: made here, in the main
+    # thread, a check's thread and the main thread cannot each make one and mix their paths.
+    factory.getbasetemp()
     modules, box = _session_modules(request), {}
 
     def run() -> None:
