@@ -60,7 +60,10 @@ def time_steps(
     out = Samples()
     events: list[tuple[Any, Any]] = []
     gc_was_enabled = gc.isenabled()
-    gc.collect()
+    # The young generations only: they hold what the warm-up left. A full collection walks every object in
+    # the process (about 0.5 s a row once dynamo has traced a few models), and disabling is what keeps
+    # collections out of the timed steps.
+    gc.collect(1)
     gc.disable()  # a collection inside a timed step is noise, not engine cost
     try:
         for i in range(repeats):
