@@ -59,11 +59,11 @@ PYTHON_CHECK = $(if $(filter True,$(word 2,$(PYTHON_VERSION))),,$(error PYTHON=$
   $(or $(word 1,$(PYTHON_VERSION)),not a Python that runs); cglab needs Python 3.10 or newer: install one \
   (python.org; macOS: brew install python@3.12; anywhere: uv python install 3.12), then add PYTHON=python3.12 \
   to the make command (docs/LAPTOPS.md)))
-$(STAMP): pyproject.toml $(if $(shell test -f $(STAMP) && $(VENV_WORKS) && echo yes),,FORCE)
+$(STAMP): pyproject.toml tools/uv_overrides.txt $(if $(shell test -f $(STAMP) && $(VENV_WORKS) && echo yes),,FORCE)
 	$(if $(shell $(VENV_WORKS) && echo yes),,$(PYTHON_CHECK)rm -rf $(VENV) && $(PYTHON) -m venv $(VENV))
 	$(PIP_INSTALL) torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP_INSTALL) --quiet uv==0.13.9
-	$(PY) -m uv pip install --python $(PY) -e ".[dev]" || $(PIP_INSTALL) -e ".[dev]"
+	$(PY) -m uv pip install --python $(PY) --override tools/uv_overrides.txt -e ".[dev]" || $(PIP_INSTALL) -e ".[dev]"
 	PYDEVD_DISABLE_FILE_VALIDATION=1 $(PY) -c "import $(WARM_IMPORTS)"  # the variable: no debugger notice
 	touch $(STAMP)
 
