@@ -37,8 +37,9 @@ def _script(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A scratch copy of what the set-up rules read: the Makefile and pyproject.toml."""
-    for name in ("Makefile", "pyproject.toml"):
+    """A scratch copy of what the set-up rules read: the Makefile, pyproject.toml and uv's overrides."""
+    (tmp_path / "tools").mkdir()
+    for name in ("Makefile", "pyproject.toml", "tools/uv_overrides.txt"):
         shutil.copy(ROOT / name, tmp_path / name)
     return tmp_path
 
@@ -51,7 +52,7 @@ def _make(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _stamped_venv(project: Path, python: str) -> None:
-    """A venv as a finished set-up leaves it: its Python, and a stamp newer than pyproject.toml."""
+    """A venv as a finished set-up leaves it: its Python, and a stamp newer than pyproject.toml and the overrides."""
     _script(project / ".venv" / "bin" / "python", python)
     stamp = project / ".venv" / ".installed-stamp"
     stamp.touch()
