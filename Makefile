@@ -109,10 +109,13 @@ lint: $(STAMP)
 # Then the browser tests, after the others rather than beside them: both suites keep the cores
 # busy, so running them together saved no time, and it starved the browser tests' clocks (Run All
 # and redraw timeouts). Both parts run whatever the first one's result; either failing fails.
+# The processes of one run (test workers, notebook kernels, the browser tests' kernels) share their dynamo
+# traces through a folder made for the run (tests/trace_store.py; kernels load it with PYTHONSTARTUP).
 test: $(STAMP) lint
-	@MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval) tests; \
+	@traces=$$(mktemp -d); export CGLAB_TEST_TRACES=$$traces PYTHONSTARTUP="$(CURDIR)/tests/kernel_startup.py"; \
+	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval) tests; \
 	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
-	test $$unit -eq 0 && test $$e2e -eq 0
+	rm -rf "$$traces"; test $$unit -eq 0 && test $$e2e -eq 0
 
 # The browser tests (pytest -m e2e), in headless Chromium: every notebook opened in JupyterLab as committed,
 # the cells the widgets need run there (nbval has run every cell) and the explorers driven, and make html's

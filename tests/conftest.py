@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+import trace_store
 
 from cglab import cli
 from cglab.bench import run as bench_run
@@ -20,8 +21,10 @@ torch.set_num_threads(1)
 # (test_capacity.py turns them on where it tests them).
 cli.LOG_EVERY_S = None
 bench_run.LOG_BAR["delay"] = float("inf")  # no progress lines in what the tests compare
-# Dozens of identical engines per session: they share one dynamo trace (a test-speed device).
+# Dozens of identical engines per session: they share one dynamo trace (a test-speed device), and under
+# `make test` with the run's other processes (trace_store.py).
 caching.install()
+trace_store.install()
 
 BACKEND_PARAMS = [
     pytest.param("cpu", id="sim"),

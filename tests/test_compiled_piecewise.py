@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from cglab import (
     set_forward_context,
 )
 from cglab.cli import main
+from cglab.compilation import caching
 from cglab.compilation.cuda_graph import CUDAGraphWrapper, cudagraph_capturing_enabled
 from cglab.compilation_config import CompilationConfig
 from cglab.graphs import get_backend
@@ -205,13 +208,15 @@ def test_a_wrapper_never_captures_while_serving(device):
     runner.close()
 
 
-def test_the_token_dimension_is_traced_symbolic(device):
+def test_the_token_dimension_is_traced_symbolic(device, monkeypatch):
     """One trace serves every size because its token count is a symbol, not the profiling run's 128.
 
     Traced static, the simulator would still run every size (an FX piece replays its ops on whatever
     it is given), but inductor on a GPU compiles kernels for the traced size only: every other size
-    would fail its shape checks, or read and write the wrong rows.
+    would fail its shape checks, or read and write the wrong rows. Dynamo's fake values are read here,
+    so the trace is made here (a trace another process shared keeps its code, not those).
     """
+    monkeypatch.setattr(caching, "_TRACES", OrderedDict())
     runner = ModelRunner(CONFIG, CompilationConfig("piecewise", SIZES), device=device)
     compiled = runner.compiled_backend
     # The forward's own inputs (token ids, positions); the others are the model's weights and caches.
