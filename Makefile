@@ -110,12 +110,14 @@ lint: $(STAMP)
 # busy, so running them together saved no time, and it starved the browser tests' clocks (Run All
 # and redraw timeouts). Both parts run whatever the first one's result; either failing fails.
 # The processes of one run (test workers, notebook kernels, the browser tests' kernels) share their dynamo
-# traces through a folder made for the run (tests/trace_store.py; kernels load it with PYTHONSTARTUP).
+# traces through a folder made for the run and removed at its end, Ctrl-C too (tests/trace_store.py;
+# kernels load it with PYTHONSTARTUP).
 test: $(STAMP) lint
-	@traces=$$(mktemp -d); export CGLAB_TEST_TRACES=$$traces PYTHONSTARTUP="$(CURDIR)/tests/kernel_startup.py"; \
+	@traces=$$(mktemp -d); trap 'rm -rf "$$traces"' EXIT; \
+	export CGLAB_TEST_TRACES=$$traces PYTHONSTARTUP="$(CURDIR)/tests/kernel_startup.py"; \
 	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval) tests; \
 	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
-	rm -rf "$$traces"; test $$unit -eq 0 && test $$e2e -eq 0
+	test $$unit -eq 0 && test $$e2e -eq 0
 
 # The browser tests (pytest -m e2e), in headless Chromium: every notebook opened in JupyterLab as committed,
 # the cells the widgets need run there (nbval has run every cell) and the explorers driven, and make html's
