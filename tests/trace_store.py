@@ -116,7 +116,8 @@ class SharedTraces(OrderedDict):
         super().__setitem__(fingerprint, trace)
         path = self._path(fingerprint)
         data = _dumps(trace) if path is not None and not path.exists() else None
-        if path is not None and data is not None:
+        if data is not None:
+            assert path is not None
             part = path.with_name(f"{path.name}.{os.getpid()}.part")
             part.write_bytes(data)
             part.replace(path)  # atomic: a reader sees the whole trace or none
