@@ -85,11 +85,12 @@ class CompiledModel:
         # vLLM logs this apart from capture time, since caches can remove it and nothing else.
         self.compile_seconds: float | None = None
         self.traced_num_tokens: int | None = None  # the size dynamo traced at (its hint for every size)
-        self._compiled = compile_forward(model, backend)
+        # Built at the first call: a model whose trace is reused (caching.py) never needs torch.compile's wrapper.
+        self._compiled: Callable[..., Any] | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.compile_seconds is not None:
-            return self._compiled(*inputs)
+            return self._compiled_forward()(*inputs)
         start = time.perf_counter()
         self.traced_num_tokens = inputs[0].shape[0]
         try:
@@ -99,7 +100,12 @@ class CompiledModel:
 
     def compile(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The first call: trace, split, compile the pieces, and run once (the trace cache replaces this)."""
-        return trace(self._compiled, inputs)
+        return trace(self._compiled_forward(), inputs)
+
+    def _compiled_forward(self) -> Callable[..., Any]:
+        if self._compiled is None:
+            self._compiled = compile_forward(self.model, self.backend)
+        return self._compiled
 
 
 def build_forward_model(model: nn.Module, cc: CompilationConfig, graph_backend: GraphBackend | None) -> Any:
