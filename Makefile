@@ -111,12 +111,16 @@ lint: $(STAMP)
 # and redraw timeouts). Both parts run whatever the first one's result; either failing fails.
 # The processes of one run (test workers, notebook kernels, the browser tests' kernels) share their dynamo
 # traces through a folder made for the run and removed at its end, Ctrl-C too (tests/trace_store.py;
-# kernels load it with PYTHONSTARTUP).
+# kernels load it with PYTHONSTARTUP). nbval's kernels start warm: forked from one process that has
+# imported torch and cglab, through the kernelspec python3-warm (tests/kernel_zygote.py).
 test: $(STAMP) lint
-	@traces=$$(mktemp -d); trap 'rm -rf "$$traces"' EXIT; \
+	@traces=$$(mktemp -d); MPLBACKEND=Agg $(PY) tests/kernel_zygote.py serve "$$traces/kernels" & zygote=$$!; \
+	trap 'kill $$zygote 2>/dev/null; rm -rf "$$traces"' EXIT; \
 	export CGLAB_TEST_TRACES=$$traces PYTHONSTARTUP="$(CURDIR)/tests/kernel_startup.py"; \
-	MPLBACKEND=Agg $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval) tests; \
-	unit=$$?; echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
+	MPLBACKEND=Agg CGLAB_KERNEL_ZYGOTE="$$traces/kernels" JUPYTER_PATH="$(CURDIR)/tests/jupyter" \
+	  $(PY) -m pytest -n auto --dist loadscope $(if $(NOTEBOOKS),$(NOTEBOOKS) --nbval --nbval-kernel-name python3-warm) tests; \
+	unit=$$?; kill $$zygote 2>/dev/null; \
+	echo "== browser tests (make test-e2e) =="; $(MAKE) --no-print-directory test-e2e; e2e=$$?; \
 	test $$unit -eq 0 && test $$e2e -eq 0
 
 # The browser tests (pytest -m e2e), in headless Chromium: every notebook opened in JupyterLab as committed,
