@@ -57,6 +57,9 @@ MAX_REQUEST = 1 << 20
 def serve(path: str, warm: Sequence[str] = WARM) -> None:
     """Import ``warm``, then fork a kernel for every launcher that connects to ``path``, until the process
     that started this one is gone."""
+    if not hasattr(os, "pidfd_open"):  # Linux 5.3 and Python 3.9 on: how launcher and kernel watch each other
+        print("kernel_zygote: warm kernels need Linux; nbval's kernels start the ordinary way", file=sys.stderr)
+        return
     started_by = os.getppid()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
         # Listening before the imports: a launcher that comes early waits for them instead of importing itself.
@@ -167,7 +170,7 @@ def _send(pidfd: int, number: int) -> None:
 
 
 def _ask(path: str, argv: Sequence[str]) -> int | None:
-    if not path:
+    if not path or not os.path.exists(path):  # no server (one that could not start has said why)
         return None
     request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "launcher": os.getpid()}
     try:
