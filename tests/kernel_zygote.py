@@ -57,8 +57,10 @@ MAX_REQUEST = 1 << 20
 def serve(path: str, warm: Sequence[str] = WARM) -> None:
     """Import ``warm``, then fork a kernel for every launcher that connects to ``path``, until the process
     that started this one is gone."""
-    if not hasattr(os, "pidfd_open"):  # Linux 5.3 and Python 3.9 on: how launcher and kernel watch each other
-        print("kernel_zygote: warm kernels need Linux; nbval's kernels start the ordinary way", file=sys.stderr)
+    try:  # Linux 5.3 and Python 3.9 on: how launcher and kernel watch each other
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        print("kernel_zygote: warm kernels need Linux's pidfd; nbval's kernels start the ordinary way", file=sys.stderr)
         return
     started_by = os.getppid()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
