@@ -36,6 +36,10 @@ def zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[psutil.Process]:
     folder = tempfile.mkdtemp(prefix="zygote")  # a short path: a socket's name has at most 107 bytes
     socket_path = os.path.join(folder, "kernels")
     server = subprocess.Popen([sys.executable, str(TESTS / "kernel_zygote.py"), "serve", socket_path, WARM_MODULE])
+    deadline = time.monotonic() + 60
+    while not os.path.exists(socket_path):  # until it listens: a launcher that comes earlier starts an ordinary kernel
+        assert server.poll() is None and time.monotonic() < deadline, "the kernel server did not start"
+        time.sleep(0.05)
     monkeypatch.setenv(ENV, socket_path)
     monkeypatch.setenv("JUPYTER_PATH", str(TESTS / "jupyter"))
     monkeypatch.setenv("CGLAB_ZYGOTE_PROBE", "from the launcher")
