@@ -4,6 +4,7 @@ shutdown; and where the server cannot fork the same process, an ordinary kernel 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,14 +37,14 @@ def zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[psutil.Process]:
     folder = tempfile.mkdtemp(prefix="zygote")  # a short path: a socket's name has at most 107 bytes
     socket_path = os.path.join(folder, "kernels")
     server = subprocess.Popen([sys.executable, str(TESTS / "kernel_zygote.py"), "serve", socket_path, WARM_MODULE])
-    deadline = time.monotonic() + 60
-    while not os.path.exists(socket_path):  # until it listens: a launcher that comes earlier starts an ordinary kernel
-        assert server.poll() is None and time.monotonic() < deadline, "the kernel server did not start"
-        time.sleep(0.05)
-    monkeypatch.setenv(ENV, socket_path)
-    monkeypatch.setenv("JUPYTER_PATH", str(TESTS / "jupyter"))
-    monkeypatch.setenv("CGLAB_ZYGOTE_PROBE", "from the launcher")
     try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(socket_path):  # until it listens: a launcher that comes earlier starts an ordinary one
+            assert server.poll() is None and time.monotonic() < deadline, "the kernel server did not start"
+            time.sleep(0.05)
+        monkeypatch.setenv(ENV, socket_path)
+        monkeypatch.setenv("JUPYTER_PATH", str(TESTS / "jupyter"))
+        monkeypatch.setenv("CGLAB_ZYGOTE_PROBE", "from the launcher")
         yield psutil.Process(server.pid)
     finally:
         server.kill()
@@ -51,9 +52,15 @@ def zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[psutil.Process]:
         shutil.rmtree(folder)
 
 
-def _start(cwd: Path) -> tuple[jupyter_client.KernelManager, jupyter_client.BlockingKernelClient]:
+@contextlib.contextmanager
+def _kernel(cwd: Path) -> Iterator[tuple[jupyter_client.KernelManager, jupyter_client.BlockingKernelClient]]:
+    """A ``python3-warm`` kernel in ``cwd``, shut down at the end as nbval does (``now=True``: the launcher killed)."""
     manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3-warm", cwd=str(cwd))
-    return manager, client
+    try:
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 def _probe(client: jupyter_client.BlockingKernelClient) -> dict:
@@ -71,41 +78,29 @@ def _probe(client: jupyter_client.BlockingKernelClient) -> dict:
 def test_a_warm_kernel_runs_in_the_notebooks_folder_with_the_launchers_environment(
     zygote: psutil.Process, tmp_path: Path
 ) -> None:
-    manager, client = _start(tmp_path)
-    try:
+    with _kernel(tmp_path) as (manager, client):
         seen = _probe(client)
         launcher = manager.provisioner.process.pid
         assert seen["warm"] and seen["parent"] == zygote.pid and seen["pid"] != launcher
         assert (seen["cwd"], seen["probe"]) == (str(tmp_path), "from the launcher")
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def test_an_interrupt_reaches_the_warm_kernel_and_a_shutdown_ends_it(zygote: psutil.Process, tmp_path: Path) -> None:
-    manager, client = _start(tmp_path)
-    kernel = psutil.Process(_probe(client)["pid"])
-    try:
+    with _kernel(tmp_path) as (manager, client):
+        kernel = psutil.Process(_probe(client)["pid"])
         client.execute("import time; time.sleep(60)")
         time.sleep(1.0)
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=20)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)  # kills the launcher: the kernel must follow it
-    kernel.wait(timeout=10)
+    kernel.wait(timeout=10)  # the shutdown killed the launcher: the kernel must follow it
 
 
 def test_where_torch_would_start_otherwise_an_ordinary_kernel_starts(
     zygote: psutil.Process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # read once, when torch loads: the server's differs
-    manager, client = _start(tmp_path)
-    try:
+    with _kernel(tmp_path) as (manager, client):
         seen = _probe(client)
         assert not seen["warm"] and seen["pid"] == manager.provisioner.process.pid  # the launcher became it
         assert seen["cwd"] == str(tmp_path)
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
