@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cglab.config import ToyConfig
-from cglab.kernels.fused_linear import FUSED, fused_mlp
+from cglab.kernels.fused_linear import Linear
 from cglab.layer_registry import get_layer_kind
 
 
@@ -16,14 +16,12 @@ class MLP(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.norm = nn.RMSNorm(hidden)
-        self.gate_up = nn.Linear(hidden, 4 * hidden, bias=False)
-        self.down = nn.Linear(2 * hidden, hidden, bias=False)
+        self.gate_up = Linear(hidden, 4 * hidden)
+        self.down = Linear(2 * hidden, hidden)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if FUSED.mlps:  # two launches of cglab::fused_linear (cglab.kernels.fused_linear.fused_mlps)
-            return fused_mlp(self, hidden)
-        gate, up = self.gate_up(self.norm(hidden)).chunk(2, dim=-1)
-        return hidden + self.down(nn.functional.silu(gate) * up)
+        gate_up = self.gate_up(hidden, self.norm)
+        return self.down(gate_up, act="silu_mul", residual=hidden)  # silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
@@ -62,7 +60,7 @@ class ToyTransformer(nn.Module):
                 DecoderLayer(config, kind, name) for kind, name in zip(config.layers, config.layer_names)
             )
             self.norm = nn.RMSNorm(config.hidden_size)
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
         self.requires_grad_(False)
         self.to(device=device, dtype=getattr(torch, config.dtype))
 
@@ -71,7 +69,7 @@ class ToyTransformer(nn.Module):
         hidden = self.embed_tokens(input_ids) + self.embed_positions(positions)
         for layer in self.layers:
             hidden = layer(hidden)
-        logits = self.lm_head(self.norm(hidden))
+        logits = self.lm_head(hidden, self.norm)
         if self.return_hidden_states:
             return torch.cat([logits, hidden], dim=-1)
         return logits

@@ -1,6 +1,7 @@
-"""``cglab::fused_linear``: its aten body is the MLP's own arithmetic (bit for bit on the CPU), the op
-and ``fuse_mlps`` change nothing there; on a GPU its Triton kernel matches the aten body at 1-16 rows for
-every flag combination, fp32 and bf16, and a row's bits do not depend on how many rows share the launch."""
+"""``cglab::fused_linear``: its aten body is the MLP's own arithmetic (bit for bit on the CPU); inside
+``fused_linears`` every linear of the model is one launch of the op, which changes no bit on the CPU; on a
+GPU its Triton kernel matches the aten body at 1-16 rows for every flag combination, fp32 and bf16, and a
+row's bits do not depend on how many rows share the launch."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import itertools
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from cglab.config import ToyConfig
+from cglab.forward_context import set_forward_context
+from cglab.kernels import fused_linear as fused_linear_module
 from cglab.kernels import use_kernels
-from cglab.kernels.fused_linear import FUSED, MAX_ROWS, fused_linear, fused_mlps, linear_reference
+from cglab.kernels.fused_linear import FUSED, MAX_ROWS, fused_linear, fused_linears, linear_reference
 from cglab.model import ToyTransformer
 
 CUDA = torch.cuda.is_available()
@@ -34,16 +38,30 @@ def _operands(rows: int, k: int, n: int, norm: bool, act: str, residual: bool, d
 
 
 def test_the_aten_body_is_the_mlps_arithmetic() -> None:
-    model = ToyTransformer(ToyConfig(layers=("sconv", "attn")))
-    hidden = torch.randn(5, model.config.hidden_size)
-    mlp = model.layers[0].mlp
-    expected = mlp(hidden)
-    with fused_mlps():
-        assert FUSED.mlps and torch.equal(mlp(hidden), expected)  # through the op, its aten body on the CPU
-        with fused_mlps(False):
-            assert not FUSED.mlps
-        assert FUSED.mlps
-    assert not FUSED.mlps and torch.equal(mlp(hidden), expected)
+    mlp = ToyTransformer(ToyConfig(layers=("sconv",))).layers[0].mlp
+    hidden = torch.randn(5, mlp.norm.weight.shape[0])
+    gate, up = mlp.gate_up(mlp.norm(hidden)).chunk(2, dim=-1)
+    assert torch.equal(mlp(hidden), hidden + mlp.down(F.silu(gate) * up))
+
+
+def test_inside_fused_linears_every_linear_is_one_launch_of_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ToyTransformer(ToyConfig(layers=("sconv", "attn", "compressor", "linear_attn")))
+    ids, positions = torch.tensor([3, 1, 4]), torch.arange(3)
+    with set_forward_context(None):  # a profiling run: the stateful ops do nothing, every linear runs
+        expected = model(ids, positions)
+        launches: list[torch.Size] = []
+        op = fused_linear_module.fused_linear
+        monkeypatch.setattr(
+            fused_linear_module, "fused_linear", lambda *args: launches.append(args[1].shape) or op(*args)
+        )
+        with fused_linears():
+            assert FUSED.linears and torch.equal(model(ids, positions), expected)  # the op's aten body on the CPU
+            with fused_linears(False):
+                assert not FUSED.linears
+            assert FUSED.linears
+        assert not FUSED.linears
+    linears = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(launches) == len(linears) == 17 and sorted(launches) == sorted(linears)
 
 
 @pytest.mark.parametrize(("norm", "act", "residual"), FLAGS)

@@ -80,7 +80,7 @@ class BenchConfig(ModelOptions):
     kernels: str | None = None  # the custom ops' kernels, "aten" or "triton"; None: triton on CUDA, aten on the CPU
     prompt_len: int = 32  # history of every request before the timed decode step
     profile_steps: int = 3  # profiled steps per mode and batch size (kernel floor, launches)
-    fused_linear: bool = False  # each MLP as two launches of cglab::fused_linear (cglab/kernels/fused_linear.py)
+    fused_linear: bool = False  # every linear as one launch of cglab::fused_linear (cglab/kernels/fused_linear.py)
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes

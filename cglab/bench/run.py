@@ -30,7 +30,7 @@ from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
 from cglab.kernels import triton_launches, use_kernels
-from cglab.kernels.fused_linear import fused_mlps
+from cglab.kernels.fused_linear import fused_linears
 from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
 
@@ -71,7 +71,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     style = {} if sys.stderr.isatty() else LOG_BAR
     with (
         use_kernels(config.kernels),
-        fused_mlps(config.fused_linear),
+        fused_linears(config.fused_linear),
         tqdm(total=len(rounds) * len(keys), desc="bench", unit="size", disable=not progress, **style) as bar,
     ):
         if style:  # a new step or capture does not force a line out

@@ -4,8 +4,9 @@ RMSNorm before it (prologue), SiLU or SiLU-times-up on its input, a residual add
 The aten body below is the readable version, what a CPU runs and the oracle of the Triton kernel
 (``cglab/kernels/linear.py``), which runs up to ``MAX_ROWS`` rows in one launch. This is where the toy
 leaves vLLM: vLLM runs bf16 linears through cuBLAS on Hopper (and its norms and activations as their own
-kernels); a norm folded into the linear that follows is the megakernel designs' idea. ``fused_mlps`` puts
-the MLPs on this op: two launches per MLP instead of the norm, two matmuls, the activation and the add.
+kernels); a norm folded into the linear that follows is the megakernel designs' idea. Every linear of the
+model is a ``Linear``; inside ``fused_linears`` that is one launch of this op, instead of the
+norm, the matmul, the activation and the add.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch.nn import functional as F
 
 from cglab.kernels import triton_kernel
 
-__all__ = ["FUSED", "MAX_ROWS", "fused_mlps", "fused_linear", "fused_mlp", "linear_reference"]
+__all__ = ["FUSED", "MAX_ROWS", "Linear", "fused_linear", "fused_linears", "linear_reference"]
 
 MAX_ROWS = 16  # the Triton kernel's row limit: a GEMV-like kernel, each weight row read once per launch
 MAX_K = 8192  # it holds the whole input row of a program's weight rows in registers
@@ -70,25 +71,40 @@ def _(x, weight, norm_weight, eps, act, residual):  # noqa: ANN001, ANN202 (the 
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-def fused_mlp(mlp: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """``model.MLP`` in two launches: norm + gate_up, then SiLU-times-up + down + the residual."""
-    gate_up = fused_linear(hidden, mlp.gate_up.weight, mlp.norm.weight, mlp.norm.eps, "none", None)
-    return fused_linear(gate_up, mlp.down.weight, None, None, "silu_mul", hidden)
+class Linear(nn.Linear):
+    """``nn.Linear`` without bias that takes its neighbours as arguments: ``residual + self(act(norm(x)))``.
+    One ``cglab::fused_linear`` launch while ``FUSED.linears`` is on, else ``norm`` and the aten body: the
+    calls ``nn.RMSNorm`` and ``nn.Linear`` make. A module, so a traced graph still names it (``lm_head``)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        norm: nn.RMSNorm | None = None,
+        act: str = "none",
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if not FUSED.linears:  # the modules' own calls: a trace of the step still shows the norm
+            return linear_reference(x if norm is None else norm(x), self.weight, None, None, act, residual)
+        norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, None)
+        return fused_linear(x, self.weight, norm_weight, eps, act, residual)
 
 
 class FUSED:  # noqa: N801 (a switch, read like a constant)
-    """Whether ``model.MLP`` runs through ``fused_mlp``: its forward reads ``FUSED.mlps``, so torch.compile
+    """Whether a ``Linear`` launches ``cglab::fused_linear``: its forward reads ``FUSED.linears``, so torch.compile
     guards on it when it traces (a model built and captured with it on keeps its fused graphs)."""
 
-    mlps = False
+    linears = False
 
 
 @contextmanager
-def fused_mlps(fused: bool = True) -> Iterator[None]:
-    """Inside the block every ``model.MLP`` runs through ``fused_mlp`` (``fused=False``: its modules), the
-    graphs captured there included."""
-    before, FUSED.mlps = FUSED.mlps, fused
+def fused_linears(fused: bool = True) -> Iterator[None]:
+    """Inside the block every linear of the model is one ``cglab::fused_linear`` launch (``fused=False``: the
+    aten body), the graphs captured there included."""
+    before, FUSED.linears = FUSED.linears, fused
     try:
         yield
     finally:
-        FUSED.mlps = before
+        FUSED.linears = before

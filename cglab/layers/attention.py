@@ -14,6 +14,7 @@ from cglab.errors import CaptureError
 from cglab.forward_context import layer_metadata
 from cglab.graphs import eager_break_during_capture
 from cglab.kernels import triton_kernel
+from cglab.kernels.fused_linear import Linear
 from cglab.metadata import AttentionMetadata, slots_at, token_requests_and_positions
 
 _MASKED = -1e30  # finite: a row with nothing visible gets uniform weights over zeroed values, not NaN
@@ -97,8 +98,8 @@ class Attention(nn.Module):
         self.max_model_len = config.max_model_len
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.norm = nn.RMSNorm(config.hidden_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.o_proj = Linear(config.hidden_size, config.hidden_size)
         self.register_buffer(
             "kv_cache",
             torch.zeros(2, config.num_blocks + 1, config.block_size, config.num_heads, config.head_dim),
@@ -106,10 +107,10 @@ class Attention(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
+        q, k, v = self.qkv_proj(hidden, self.norm).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         out = torch.empty_like(q)
         unified_attention(q, k, v, out, self.kv_cache, self.layer_name, self.max_model_len)
-        return hidden + self.o_proj(out.flatten(1))
+        return self.o_proj(out.flatten(1), residual=hidden)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"kv_cache": self.kv_cache[:, :-1]}

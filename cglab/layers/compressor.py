@@ -13,6 +13,7 @@ from cglab.config import ToyConfig
 from cglab.custom_ops import direct_register_custom_op
 from cglab.forward_context import forward_context_has_metadata, layer_metadata
 from cglab.kernels import triton_kernel
+from cglab.kernels.fused_linear import Linear
 from cglab.metadata import CompressorMetadata
 
 
@@ -58,9 +59,9 @@ class Compressor(nn.Module):
         self.strict = config.strict_layers or self.python_guard  # a guard in forward: none in the op
         hidden, ratio = config.hidden_size, config.compress_ratio
         self.norm = nn.RMSNorm(hidden)
-        self.kv_proj = nn.Linear(hidden, hidden, bias=False)
+        self.kv_proj = Linear(hidden, hidden)
         self.pool_logits = nn.Parameter(torch.randn(ratio))  # learned weights of the tokens in a group
-        self.out_proj = nn.Linear(hidden, hidden, bias=False)
+        self.out_proj = Linear(hidden, hidden)
         entries = config.num_blocks * (config.block_size // ratio)
         # Spare last rows: PAD_SLOT_ID (-1) writes land there.
         self.register_buffer("state_cache", torch.zeros(config.num_slots + 1, hidden), persistent=False)
@@ -69,10 +70,10 @@ class Compressor(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.python_guard and not forward_context_has_metadata():
             return hidden  # a profiling run: save nothing, see nothing (under torch.compile: for good)
-        kv = self.kv_proj(self.norm(hidden))
+        kv = self.kv_proj(hidden, self.norm)
         pooled = torch.empty_like(kv)
         compressor(kv, pooled, self.state_cache, self.compressed_cache, self.pool_logits, self.layer_name, self.strict)
-        return hidden + self.out_proj(pooled)
+        return self.out_proj(pooled, residual=hidden)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"state_cache": self.state_cache[:-1], "compressed_cache": self.compressed_cache[:-1]}

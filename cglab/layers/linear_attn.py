@@ -12,6 +12,7 @@ from cglab.custom_ops import direct_register_custom_op
 from cglab.forward_context import layer_metadata
 from cglab.graphs import eager_break_during_capture
 from cglab.kernels import triton_kernel
+from cglab.kernels.fused_linear import Linear
 from cglab.metadata import LinearAttentionMetadata
 
 
@@ -74,8 +75,8 @@ class LinearAttention(nn.Module):
         self.layer_name = layer_name
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.norm = nn.RMSNorm(config.hidden_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.o_proj = Linear(config.hidden_size, config.hidden_size)
         # sigmoid(2 +- noise): a memory of roughly ten tokens per head, different for every head.
         self.decay_logits = nn.Parameter(torch.randn(config.num_heads) + 2.0)
         self.register_buffer(
@@ -85,10 +86,10 @@ class LinearAttention(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(self.norm(hidden)).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
+        q, k, v = self.qkv_proj(hidden, self.norm).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         out = torch.empty_like(q)
         linear_attention(q, k, v, torch.sigmoid(self.decay_logits), out, self.state_cache, self.layer_name)
-        return hidden + self.o_proj(out.flatten(1))
+        return self.o_proj(out.flatten(1), residual=hidden)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"state_cache": self.state_cache[:-1]}

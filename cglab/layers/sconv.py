@@ -12,6 +12,7 @@ from cglab.config import ToyConfig
 from cglab.custom_ops import direct_register_custom_op
 from cglab.forward_context import forward_context_has_metadata, layer_metadata
 from cglab.kernels import triton_kernel
+from cglab.kernels.fused_linear import Linear
 from cglab.metadata import ShortConvMetadata
 
 
@@ -52,19 +53,19 @@ class ShortConv(nn.Module):
         self.strict = config.strict_layers or self.python_guard  # a guard in forward: none in the op
         hidden = config.hidden_size
         self.norm = nn.RMSNorm(hidden)
-        self.in_proj = nn.Linear(hidden, hidden, bias=False)
+        self.in_proj = Linear(hidden, hidden)
         self.conv_weight = nn.Parameter(torch.randn(config.sconv_kernel_size, hidden) / config.sconv_kernel_size**0.5)
-        self.out_proj = nn.Linear(hidden, hidden, bias=False)
+        self.out_proj = Linear(hidden, hidden)
         # One row per cache slot, plus a spare last row that PAD_SLOT_ID (-1) writes land in.
         self.register_buffer("conv_state", torch.zeros(config.num_slots + 1, hidden), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.python_guard and not forward_context_has_metadata():
             return hidden  # a profiling run: the block does nothing (under torch.compile: for good)
-        x = self.in_proj(self.norm(hidden))
+        x = self.in_proj(hidden, self.norm)
         conv = torch.empty_like(x)
         short_conv(x, conv, self.conv_state, self.conv_weight, self.layer_name, self.strict)
-        return hidden + self.out_proj(nn.functional.silu(conv))
+        return self.out_proj(conv, act="silu", residual=hidden)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"conv_state": self.conv_state[:-1]}
