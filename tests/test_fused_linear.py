@@ -87,3 +87,71 @@ def test_the_triton_kernel_matches_its_aten_body(
                 got = fused_linear(*args)
             torch.testing.assert_close(got, linear_reference(*args), **TOLERANCE[dtype])
             assert torch.equal(got, padded[:rows]), f"rows {rows}: a row's bits depend on the batch"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the GPU machine)")
+def test_a_chain_captured_with_pdl_replays_the_bits_of_launches_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch reads the previous one's output: with PDL a kernel starts before that output is written,
+    so a read placed before its ``gdc_wait`` would show here, in a captured chain replayed many times."""
+    import cglab.kernels.linear as triton_linear
+    from cglab.kernels import pdl_enabled
+
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    assert pdl_enabled() or not hopper, "a Hopper GPU with this Triton should launch with PDL"
+    k = 1024
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(k, k, generator=gen) / k**0.5).to("cuda", torch.bfloat16) for _ in range(6)]
+    norm = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, k, generator=gen).to("cuda", torch.bfloat16)
+
+    def chain() -> torch.Tensor:
+        h = x
+        for i, w in enumerate(weights):  # norm, activation and residual in turn: every read of h after the wait
+            h = fused_linear(h, w, norm if i % 2 else None, None, "silu" if i % 3 == 1 else "none", h)
+        return h
+
+    with use_kernels("triton"):
+        monkeypatch.setattr(triton_linear, "pdl_enabled", lambda: False)
+        expected = chain()
+        monkeypatch.undo()
+        if not hopper:
+            pytest.skip("PDL needs a Hopper or newer GPU: the chain above ran without it")
+        chain()  # compiles the PDL variant before the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            got = chain()
+        for _ in range(50):
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(got, expected), "a replay with PDL differs from the launches without it"
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("0", False), ("1", None), (None, None)])
+def test_cglab_pdl_turns_pdl_off_and_never_on_where_it_cannot_run(
+    setting: str | None, expected: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cglab import kernels
+
+    if setting is None:
+        monkeypatch.delenv(kernels.PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(kernels.PDL_ENV, setting)
+    kernels.pdl_enabled.cache_clear()
+    try:
+        on = kernels.pdl_enabled()
+    finally:
+        kernels.pdl_enabled.cache_clear()
+    possible = kernels.triton_available() and CUDA and torch.cuda.get_device_capability() >= (9, 0)
+    assert on == (possible if expected is None else expected)
+
+
+def test_a_cglab_pdl_that_is_no_switch_is_refused_with_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cglab import ConfigError, kernels
+
+    monkeypatch.setenv(kernels.PDL_ENV, "off")
+    kernels.pdl_enabled.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"CGLAB_PDL='off': set it to 0 .* or 1, or unset it"):
+            kernels.pdl_enabled()
+    finally:
+        kernels.pdl_enabled.cache_clear()

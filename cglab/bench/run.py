@@ -29,7 +29,7 @@ from cglab.compilation.wrapper import fresh_forward
 from cglab.config import CUDAGraphMode, ToyConfig
 from cglab.graphs import GraphSegment
 from cglab.graphs.ops import OpCounter
-from cglab.kernels import triton_launches, use_kernels
+from cglab.kernels import pdl_enabled, triton_launches, use_kernels
 from cglab.kernels.fused_linear import fused_linears
 from cglab.metadata import prepare_attn
 from cglab.runner import ModelRunner, PreparedStep, resolve_device
@@ -57,7 +57,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> BenchResult:
     environment = collect_environment(device)  # the date is the run's start
     environment["piecewise_flavor"] = "breakable"  # what the "piecewise" rows measure (the plain model)
     environment["row_kinds"] = {m: BENCH_MODES[m].description for m in config.modes}
-    environment["kernels"] = config.kernels  # the custom ops' kernels: aten bodies or Triton kernels
+    # the custom ops' kernels (aten bodies or Triton kernels), and whether the fused linear launches with PDL
+    environment |= {"kernels": config.kernels, "pdl": config.kernels == "triton" and pdl_enabled()}
     gen = torch.Generator().manual_seed(config.seed + 1)
     pool = toy.max_num_reqs
     prompts = torch.randint(0, toy.vocab_size, (pool, config.prompt_len), generator=gen).tolist()

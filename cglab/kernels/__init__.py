@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -21,7 +22,16 @@ from cglab.errors import ConfigError
 if TYPE_CHECKING:  # no torch import at the top: the CLI checks options before it imports torch
     import torch
 
-__all__ = ["KERNEL_SETS", "check_kernels", "triton_available", "triton_kernel", "triton_launches", "use_kernels"]
+__all__ = [
+    "KERNEL_SETS",
+    "PDL_ENV",
+    "check_kernels",
+    "pdl_enabled",
+    "triton_available",
+    "triton_kernel",
+    "triton_launches",
+    "use_kernels",
+]
 
 KERNEL_SETS = ("aten", "triton")
 # op name -> (module of this package, its launcher, kernels one call launches).
@@ -32,6 +42,7 @@ _LAUNCHERS = {
     "linear_attention": ("linear_attn", "linear_attention", 1),
     "fused_linear": ("linear", "fused_linear", 1),
 }
+PDL_ENV = "CGLAB_PDL"  # "0": no programmatic dependent launch (the bench's A/B switch)
 _forced: str | None = None  # None: per call, Triton for CUDA tensors when it imports, aten otherwise
 _launched = 0  # Triton kernels launched so far: invisible to a TorchDispatchMode, so counted here
 
@@ -40,6 +51,23 @@ _launched = 0  # Triton kernels launched so far: invisible to a TorchDispatchMod
 def triton_available() -> bool:
     """Whether Triton can be imported, checked without importing it (an import costs seconds)."""
     return importlib.util.find_spec("triton") is not None
+
+
+@cache
+def pdl_enabled() -> bool:
+    """Whether the Triton kernels that support it launch with programmatic dependent launch (PDL): the next
+    kernel starts while the previous one drains, and waits (``gdc_wait``) only before reading its outputs.
+    Needs a Hopper or newer GPU and Triton's griddepcontrol intrinsics; ``CGLAB_PDL=0`` turns it off."""
+    setting = os.environ.get(PDL_ENV, "1").strip()
+    if setting not in ("0", "1"):
+        raise ConfigError(f"{PDL_ENV}={setting!r}: set it to 0 (no programmatic dependent launch) or 1, or unset it")
+    if setting == "0" or not triton_available():
+        return False
+    import torch
+    import triton.language as tl
+
+    has_gdc = hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
+    return has_gdc and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
 
 def _default_kernels(device_type: str) -> str:

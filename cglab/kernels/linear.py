@@ -14,6 +14,21 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels import pdl_enabled
+
+if pdl_enabled():
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+else:  # never called (PDL is off), but the kernel's source names them
+
+    @triton.jit
+    def gdc_wait() -> None:
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents() -> None:
+        pass
+
+
 ROWS_PER_PROGRAM = 2  # output features per program: many programs, so every SM streams weights
 _ACT = {"none": 0, "silu": 1, "silu_mul": 2}
 
@@ -38,6 +53,7 @@ def _fused_linear_kernel(
     RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
@@ -47,6 +63,9 @@ def _fused_linear_kernel(
     dtype = out.dtype.element_ty
     if NORM:
         g = tl.load(norm_weight + k, mask=k_ok, other=0.0).to(tl.float32)
+    if PDL:  # the weights above are no kernel's output: loaded while the previous kernel drains
+        gdc_wait()  # from here on, what the previous kernels wrote is visible
+        gdc_launch_dependents()  # the next kernel may start loading its own weights
     for m in range(rows):
         a = tl.load(x + m * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
         if NORM:  # as F.rms_norm: in fp32, rounded, then scaled
@@ -99,6 +118,8 @@ def fused_linear(
         RESIDUAL=residual is not None,
         BLOCK_N=ROWS_PER_PROGRAM,
         BLOCK_K=triton.next_power_of_2(k_in),
+        PDL=pdl_enabled(),
         num_warps=2,
+        **({"launch_pdl": True} if pdl_enabled() else {}),  # a Triton without PDL knows no such option
     )
     return out
