@@ -57,17 +57,15 @@ def triton_available() -> bool:
 def pdl_enabled() -> bool:
     """Whether the Triton kernels that support it launch with programmatic dependent launch (PDL): the next
     kernel starts while the previous one drains, and waits (``gdc_wait``) only before reading its outputs.
-    Needs a Hopper or newer GPU and Triton's griddepcontrol intrinsics; ``CGLAB_PDL=0`` turns it off."""
+    Needs a Hopper or newer GPU (and Triton 3.3 or newer, as the kernels do); ``CGLAB_PDL=0`` turns it off."""
     setting = os.environ.get(PDL_ENV, "1").strip()
     if setting not in ("0", "1"):
         raise ConfigError(f"{PDL_ENV}={setting!r}: set it to 0 (no programmatic dependent launch) or 1, or unset it")
     if setting == "0" or not triton_available():
         return False
     import torch
-    import triton.language as tl
 
-    has_gdc = hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
-    return has_gdc and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
 
 def _default_kernels(device_type: str) -> str:

@@ -88,8 +88,7 @@ class Linear(nn.Linear):
     ) -> torch.Tensor:
         if not FUSED.linears:  # the modules' own calls: a trace of the step still shows the norm
             return linear_reference(x if norm is None else norm(x), self.weight, None, None, act, residual)
-        norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, None)
-        return fused_linear(x, self.weight, norm_weight, eps, act, residual)
+        return fused_linear(x, self.weight, getattr(norm, "weight", None), getattr(norm, "eps", None), act, residual)
 
 
 class FUSED:  # noqa: N801 (a switch, read like a constant)
