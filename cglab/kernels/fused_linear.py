@@ -5,8 +5,8 @@ The aten body below is the readable version, what a CPU runs and the oracle of t
 (``cglab/kernels/linear.py``), which runs up to ``MAX_ROWS`` rows in one launch. This is where the toy
 leaves vLLM: vLLM runs bf16 linears through cuBLAS on Hopper (and its norms and activations as their own
 kernels); a norm folded into the linear that follows is the megakernel designs' idea. Every linear of the
-model is a ``Linear``; inside ``fused_linears`` that is one launch of this op, instead of the
-norm, the matmul, the activation and the add.
+model is a ``Linear``: inside ``fused_linears``, one launch of this op instead of the norm, the matmul,
+the activation and the add.
 """
 
 from __future__ import annotations
