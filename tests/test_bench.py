@@ -144,6 +144,20 @@ def test_a_row_with_non_finite_logits_is_no_match(
     assert f"warning: the logits of full ({value}) differ from eager's" in captured.err
 
 
+def test_the_peer_runs_the_plain_linears_even_in_a_fused_run() -> None:
+    """The peer is what a user would compile instead: the plain model, its linears cuBLAS's, also when the
+    bench fuses the engine's linears (``--fused-linear``)."""
+    from cglab.bench.run import ReduceOverheadForward
+    from cglab.kernels.fused_linear import FUSED, fused_linears
+
+    peer, seen = ReduceOverheadForward(torch.nn.Linear(2, 2)), []
+    peer._compiled = lambda *inputs: seen.append(FUSED.linears)  # what the compiled forward would trace under
+    with fused_linears():
+        peer(torch.zeros(1), torch.zeros(1))
+        assert FUSED.linears
+    assert seen == [False]
+
+
 @pytest.mark.parametrize("output", [["--json"], []], ids=["json", "table"])
 def test_a_closed_stdout_is_no_disk_problem(tmp_path: Path, output: list[str]) -> None:
     """``bench ... | true``: the reader went away, the result is saved; only the report is lost, so exit 0."""

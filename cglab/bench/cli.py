@@ -52,10 +52,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "FULL; on a GPU also torch.compile's reduce-overhead peer) and batch size; write OUT.csv and OUT.json "
         "(the environment). On the CPU simulator the numbers say nothing about GPU speed.",
         (f"{PROG} bench --quick --out bench-quick", "the small model, seconds on a CPU"),
-        (
-            f"{PROG} bench --quick --modes none,full --out bench-two --force",
-            "two row kinds, overwriting an earlier pair",
-        ),
+        (f"{PROG} bench --quick --modes none,full --out bench-two --force", "two row kinds, replacing an older pair"),
     )
     _add_common_options(p, "a small CPU-sized run that ends in seconds")
     p.add_argument(

@@ -34,7 +34,7 @@ BENCH_MODES = {
         _NONE,
         "reduce-overhead",
         'torch.compile "reduce-overhead"',
-        "inductor and torch's CUDA graph trees, no engine graph",
+        "inductor and torch's CUDA graph trees, no engine graph; linears never fused",
     ),
 }
 MODE_NAMES = tuple(BENCH_MODES)

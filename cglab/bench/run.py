@@ -137,14 +137,15 @@ def build_order(modes: Sequence[str]) -> list[str]:
 
 
 class ReduceOverheadForward:
-    """``model`` through ``torch.compile(mode="reduce-overhead")``; each call marks a new step (for inference)."""
+    """``model`` through ``torch.compile(mode="reduce-overhead")``, its linears unfused; each call marks a new step."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._compiled = torch.compile(fresh_forward(model), mode="reduce-overhead")
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()
-        return self._compiled(input_ids, positions)
+        with fused_linears(False):  # the peer a user would pick: the plain model's cuBLAS linears, even when fused
+            return self._compiled(input_ids, positions)
 
 
 def capture_safe(runner: ModelRunner, prepared: PreparedStep) -> PreparedStep:
