@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 from cglab.metadata import AttentionMetadata
 
 _KEYS_PER_ITERATION = 32
@@ -54,7 +55,9 @@ def _attention_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_KEY_LIMIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernels(PDL)  # the queries, keys and values are the projection's output
     token = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -153,16 +156,8 @@ def unified_attention(
         num_reqs,
         md.max_seq_len,
         head_dim**-0.5,
-        query.stride(0),
-        query.stride(1),
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        output.stride(0),
-        output.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
+        *(t.stride(dim) for t in (query, key, value, output) for dim in (0, 1)),  # stride_qt, stride_qh, ...
+        *k_cache.stride()[:2],  # stride_cache_slot, stride_cache_head
         md.block_table.stride(0),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
@@ -170,4 +165,5 @@ def unified_attention(
         BLOCK_R=triton.next_power_of_2(num_reqs),
         BLOCK_N=_KEYS_PER_ITERATION,
         HAS_KEY_LIMIT=md.plan is not None,
+        **pdl_options(),
     )

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 from cglab.kernels.rows import load_slots, row_channel_grid
 from cglab.metadata import CompressorMetadata
 
@@ -36,7 +37,9 @@ def _save_and_compress_kernel(
     RATIO: tl.constexpr,
     BLOCK_RATIO: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernels(PDL)
     token = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c_ok = c < hidden
@@ -73,7 +76,9 @@ def _pool_kernel(
     stride_visible,
     BLOCK_G: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernels(PDL)
     token = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c_ok = c < hidden
@@ -112,13 +117,11 @@ def compressor(
         md.group_slots,
         md.compress_slots,
         hidden,
-        kv.stride(0),
-        state_cache.stride(0),
-        compressed_cache.stride(0),
-        md.group_slots.stride(0),
+        *(t.stride(0) for t in (kv, state_cache, compressed_cache, md.group_slots)),  # stride_kv, ...
         RATIO=ratio,
         BLOCK_RATIO=triton.next_power_of_2(ratio),
         BLOCK_H=block,
+        **pdl_options(),
     )
     num_groups = md.visible_slots.shape[1]
     _pool_kernel[grid](
@@ -127,9 +130,8 @@ def compressor(
         md.visible_slots,
         hidden,
         num_groups,
-        output.stride(0),
-        compressed_cache.stride(0),
-        md.visible_slots.stride(0),
+        *(t.stride(0) for t in (output, compressed_cache, md.visible_slots)),
         BLOCK_G=triton.next_power_of_2(num_groups),
         BLOCK_H=block,
+        **pdl_options(),
     )

@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # Triton 3.3 and newer
 
-from cglab.kernels import pdl_enabled
+from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 
 ROWS_PER_PROGRAM = 2  # output features per program: many programs, so every SM streams weights
 # Warps per program: 2, what the bench measured (data/README.md). The 33 linears alone as one captured chain on
@@ -55,9 +54,7 @@ def _fused_linear_kernel(
     dtype = out.dtype.element_ty
     if NORM:
         g = tl.load(norm_weight + k, mask=k_ok, other=0.0).to(tl.float32)
-    if PDL:  # the weights above are no kernel's output: loaded while the previous kernel drains
-        gdc_wait()  # from here on, what the previous kernels wrote is visible
-        gdc_launch_dependents()  # the next kernel may start loading its own weights
+    wait_for_previous_kernels(PDL)  # after the weights, no kernel's output: loaded while the previous one drains
     for m in range(rows):
         a = tl.load(x + m * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
         if NORM:  # as F.rms_norm: in fp32, rounded, then scaled
@@ -110,8 +107,7 @@ def fused_linear(
         RESIDUAL=residual is not None,
         BLOCK_N=ROWS_PER_PROGRAM,
         BLOCK_K=triton.next_power_of_2(k_in),
-        PDL=pdl_enabled(),
         num_warps=NUM_WARPS,
-        launch_pdl=pdl_enabled(),
+        **pdl_options(),
     )
     return out

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 from cglab.metadata import LinearAttentionMetadata
 
 _VALUE_COLUMNS_PER_PROGRAM = 32
@@ -48,7 +49,9 @@ def _linear_attention_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernels(PDL)
     request = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)  # the state's rows (key dimension)
@@ -121,18 +124,10 @@ def linear_attention(
         num_tokens,
         num_reqs,
         md.max_query_len,
-        query.stride(0),
-        query.stride(1),
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        output.stride(0),
-        output.stride(1),
-        state_cache.stride(0),
-        state_cache.stride(1),
-        state_cache.stride(2),
+        *(t.stride(dim) for t in (query, key, value, output) for dim in (0, 1)),  # stride_qt, stride_qh, ...
+        *state_cache.stride()[:3],
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_E=block_e,
+        **pdl_options(),
     )

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 from cglab.kernels.rows import load_slots, row_channel_grid
 from cglab.metadata import ShortConvMetadata
 
@@ -32,7 +33,9 @@ def _short_conv_kernel(
     KERNEL_SIZE: tl.constexpr,
     BLOCK_TAPS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernels(PDL)
     token = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c_ok = c < hidden
@@ -71,12 +74,9 @@ def short_conv(
         md.slot_mapping,
         md.tap_slots,
         x.shape[1],
-        x.stride(0),
-        output.stride(0),
-        conv_state.stride(0),
-        weight.stride(0),
-        md.tap_slots.stride(0),
+        *(t.stride(0) for t in (x, output, conv_state, weight, md.tap_slots)),  # stride_xt, ..., stride_taps
         KERNEL_SIZE=weight.shape[0],
         BLOCK_TAPS=triton.next_power_of_2(max(weight.shape[0] - 1, 1)),
         BLOCK_H=block,
+        **pdl_options(),
     )
