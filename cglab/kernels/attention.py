@@ -18,7 +18,7 @@ import triton.language as tl
 from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 from cglab.metadata import AttentionMetadata
 
-_KEYS_PER_ITERATION = 32
+_KEYS_PER_ITERATION = 64  # a decode row of up to 64 keys reads them in one pass (one chain of dependent loads)
 
 
 @triton.jit

@@ -17,10 +17,10 @@ import triton.language as tl
 from cglab.kernels.pdl import pdl_options, wait_for_previous_kernels
 
 ROWS_PER_PROGRAM = 2  # output features per program: many programs, so every SM streams weights
-# Warps per program: 2, what the bench measured (data/README.md). The 33 linears alone as one captured chain on
-# an H200, 1 row (8 rows): 2 warps 136 us (294), 4 warps 113 us (315), cuBLAS 236 us (160); 4 warps are not yet
-# measured in the bench. Tiles and warps depend on nothing else, so a row keeps its bits in any batch.
-NUM_WARPS = 2
+# Warps per program. The 33 linears alone as one captured chain on an H200, 1 row (8 rows): 2 warps 136 us (294),
+# 4 warps 113 us (315), cuBLAS 236 us (160); data/README.md has the bench's numbers. Tiles and warps depend on
+# nothing else, so a row keeps its bits in any batch.
+NUM_WARPS = 4
 _ACT = {"none": 0, "silu": 1, "silu_mul": 2}
 
 
@@ -94,9 +94,7 @@ def fused_linear(
         norm_weight if norm_weight is not None else weight,  # unread without NORM
         residual if residual is not None else out,  # unread without RESIDUAL
         out,
-        x.shape[0],
-        n_out,
-        k_in,
+        *(x.shape[0], n_out, k_in),  # rows, n_out, k_in
         x.stride(0),
         weight.stride(0),
         residual.stride(0) if residual is not None else 0,
