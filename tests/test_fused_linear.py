@@ -1,7 +1,7 @@
 """``cglab::fused_linear``: its aten body is the MLP's own arithmetic (bit for bit on the CPU); inside
 ``fused_linears`` every linear of the model is one launch of the op, which changes no bit on the CPU; on a
-GPU its Triton kernel matches the aten body at 1-16 rows for every flag combination, fp32 and bf16, and a
-row's bits do not depend on how many rows share the launch."""
+GPU its Triton kernel matches the aten body at 1-16 rows for every flag combination, fp32 and bf16, a row's
+bits do not depend on how many rows share the launch, and the op launches it up to ``MAX_ROWS`` rows only."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from cglab.kernels.fused_linear import FUSED, MAX_ROWS, fused_linear, fused_line
 from cglab.model import ToyTransformer
 
 CUDA = torch.cuda.is_available()
+KERNEL_ROWS = 16  # the Triton kernel is tested to 16 rows, beyond the op's MAX_ROWS (where cuBLAS is faster)
 TOLERANCE = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 4e-2, "rtol": 3e-2}}
 # (norm, act, residual): every combination the op allows (SiLU-times-up halves the input a norm would span)
 FLAGS = [
@@ -77,23 +78,40 @@ def test_the_triton_kernel_matches_its_aten_body(
     dtype: torch.dtype, norm: bool, act: str, residual: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # the oracle in true fp32, as the kernel
+    from cglab.kernels.linear import fused_linear as kernel  # the launcher: any row count, the op's limit aside
+
     for k, n in ((1024, 4096), (2048, 1024), (32, 64), (10, 24)):
-        full = _operands(MAX_ROWS, k, n, norm, act, residual, dtype, "cuda")
-        with use_kernels("triton"):
-            padded = fused_linear(*full)
-        for rows in range(1, MAX_ROWS + 1):
+        full = _operands(KERNEL_ROWS, k, n, norm, act, residual, dtype, "cuda")
+        padded = kernel(*full)
+        for rows in range(1, KERNEL_ROWS + 1):
             args = (full[0][:rows], *full[1:5], None if full[5] is None else full[5][:rows])
-            with use_kernels("triton"):
-                got = fused_linear(*args)
+            got = kernel(*args)
             torch.testing.assert_close(got, linear_reference(*args), **TOLERANCE[dtype])
             assert torch.equal(got, padded[:rows]), f"rows {rows}: a row's bits depend on the batch"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the GPU machine)")
+def test_the_op_launches_the_kernel_up_to_max_rows_and_cublas_above() -> None:
+    from cglab.kernels import triton_launches
+
+    args = _operands(MAX_ROWS + 1, 64, 32, True, "none", True, torch.bfloat16, "cuda")
+    launched = []
+    with use_kernels("triton"):
+        for rows in (1, MAX_ROWS, MAX_ROWS + 1):
+            before = triton_launches()
+            got = fused_linear(args[0][:rows], *args[1:5], args[5][:rows])
+            launched.append(triton_launches() - before)
+            torch.testing.assert_close(
+                got, linear_reference(args[0][:rows], *args[1:5], args[5][:rows]), **TOLERANCE[torch.bfloat16]
+            )
+    assert launched == [1, 1, 0]
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the GPU machine)")
 def test_a_chain_captured_with_pdl_replays_the_bits_of_launches_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each launch reads the previous one's output: with PDL a kernel starts before that output is written,
     so a read placed before its ``gdc_wait`` would show here, in a captured chain replayed many times."""
-    import cglab.kernels.linear as triton_linear
+    import cglab.kernels.pdl as pdl_module
     from cglab.kernels import pdl_enabled
 
     hopper = torch.cuda.get_device_capability() >= (9, 0)
@@ -111,7 +129,7 @@ def test_a_chain_captured_with_pdl_replays_the_bits_of_launches_without_it(monke
         return h
 
     with use_kernels("triton"):
-        monkeypatch.setattr(triton_linear, "pdl_enabled", lambda: False)
+        monkeypatch.setattr(pdl_module, "pdl_enabled", lambda: False)
         expected = chain()
         monkeypatch.undo()
         if not hopper:

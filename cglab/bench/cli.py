@@ -64,7 +64,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "--fused-linear",
         action="store_true",
         default=None,
-        help="every linear as one launch of cglab::fused_linear (Triton to 16 rows with --kernels triton); default off",
+        help="every linear as one launch of cglab::fused_linear (Triton to 4 rows with --kernels triton); default off",
     )
     p.add_argument(
         "--modes",
