@@ -24,7 +24,7 @@ __all__ = ["FUSED", "MAX_ROWS", "Linear", "fused_linear", "fused_linears", "line
 
 # Up to 4 rows the Triton kernel, a GEMV that reduces the rows one by one; above, the aten body (cuBLAS): on an
 # H200 the compiled FULL step took 135, 191, 279, 459 and 824 us at 1, 2, 4, 8 and 16 rows with the kernel, and
-# the peer 453 to 371 us (data/README.md). vLLM's ROCm skinny GEMMs (wvSplitK) also serve a few rows only.
+# the peer 453 to 371 us (data/README.md). vLLM's ROCm skinny GEMM wvSplitK also takes at most 4 rows.
 MAX_ROWS = 4
 MAX_K = 8192  # it holds the whole input row of a program's weight rows in registers
 ACTIVATIONS = ("none", "silu", "silu_mul")
